@@ -1,0 +1,100 @@
+"""The only module that touches private PyTorch APIs.
+
+Used here (checked against torch 2.3 – 2.13):
+- ``torch._subclasses.fake_tensor.FakeTensorMode`` and its exceptions: tensors with shapes,
+  dtypes and storages but no data, so a step of any size runs without allocating it.
+- ``torch.utils._python_dispatch.TorchDispatchMode``: sees every ATen op and its outputs.
+- ``torch.utils.weak.WeakIdKeyDictionary``: identity-keyed map of live storages.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakIdKeyDictionary
+
+# Raised by fake tensors when an op needs real values (``.item()``, nonzero, custom ops).
+FAKE_TENSOR_FAILURES: tuple[type[BaseException], ...] = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    UnsupportedOperatorException,
+)
+
+def fake_cpu_mode() -> FakeTensorMode:
+    """A fake-tensor mode that accepts the meta-device model as input to ``to_empty``."""
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+class StorageWatcher(TorchDispatchMode):
+    """Reports every storage the first time it appears as an op output, and its death.
+
+    ``on_new(storage)`` is called once per storage; ``on_free(token)`` when the storage is
+    garbage collected, with the token ``on_new`` returned.
+    """
+
+    def __init__(self, on_new: Callable[[torch.UntypedStorage], object],
+                 on_free: Callable[[object], None]) -> None:
+        super().__init__()
+        self._on_new, self._on_free = on_new, on_free
+        self._known: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._refs: list[weakref.ref] = []
+
+    def watch(self, tensor: torch.Tensor) -> object | None:
+        """Start tracking ``tensor``'s storage if new; return its token (None if empty)."""
+        storage = tensor.untyped_storage()
+        if storage in self._known:
+            return self._known[storage]
+        token = self._on_new(storage)
+        self._known[storage] = token
+        if token is not None:
+            self._refs.append(weakref.ref(storage, lambda _ref, token=token: self._on_free(token)))
+        return token
+
+    def token_of(self, tensor: torch.Tensor) -> object | None:
+        return self._known.get(tensor.untyped_storage())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        outputs = func(*args, **(kwargs or {}))
+        for value in tree_flatten(outputs)[0]:
+            if isinstance(value, torch.Tensor):
+                self.watch(value)
+        return outputs
+
+
+def materialize_fake(model: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """Replace a meta-device model's parameters and buffers by fake CPU tensors, in place.
+
+    Call inside an active fake mode. Each distinct tensor gets one replacement, so shared
+    (tied) weights stay shared: ``Module.to_empty`` would give GPT-2's embedding and LM head
+    two tensors and double-count them. Floating tensors become ``dtype``.
+    """
+    replacements: dict[int, torch.Tensor] = {}
+
+    def fake_twin(tensor: torch.Tensor, as_parameter: bool) -> torch.Tensor:
+        if id(tensor) not in replacements:
+            twin_dtype = dtype if tensor.is_floating_point() else tensor.dtype
+            twin = torch.empty(tensor.shape, dtype=twin_dtype, device="cpu")
+            if as_parameter:
+                twin = nn.Parameter(twin, requires_grad=tensor.requires_grad)
+            replacements[id(tensor)] = twin
+        return replacements[id(tensor)]
+
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                module._parameters[name] = fake_twin(param, as_parameter=True)
+        for name, buffer in module._buffers.items():
+            if buffer is not None:
+                module._buffers[name] = fake_twin(buffer, as_parameter=False)
+    return model

@@ -1,0 +1,144 @@
+"""``memcalc`` command line: parse, call the estimator, render. No logic of its own."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from memcalc.errors import InputError, MemcalcError
+from memcalc.optimizers import optimizer_names
+from memcalc.specs import INPUT_DTYPES, DeviceKind, Layout, LossKind, Precision, TrainingSpec
+from memcalc.units import format_count
+from memcalc.zoo_catalog import zoo_rows
+
+
+class ShapeType(click.ParamType):
+    """``834,224,834,3`` → (834, 224, 834, 3); every dimension a positive integer."""
+
+    name = "shape"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = [part.strip() for part in str(value).split(",") if part.strip()]
+        try:
+            dims = tuple(int(part) for part in parts)
+        except ValueError:
+            self.fail(f"shape must be positive integers separated by commas (e.g. 3,224,224), "
+                      f"got {value!r}", param, ctx)
+        if not dims or any(dim <= 0 for dim in dims):
+            self.fail(f"shape dimensions must be positive integers, got {value!r}", param, ctx)
+        return dims
+
+
+class ModelArgType(click.ParamType):
+    """``depth=50`` → ("depth", 50); values parsed as int, float, bool or string."""
+
+    name = "key=value"
+
+    def convert(self, value, param, ctx):
+        key, sep, raw = str(value).partition("=")
+        if not sep or not key.strip():
+            self.fail(f"model argument must look like key=value, got {value!r}", param, ctx)
+        return key.strip(), _parse_scalar(raw.strip())
+
+
+def _parse_scalar(raw: str) -> int | float | bool | str:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def _choice(enum_type) -> click.Choice:
+    return click.Choice([member.value for member in enum_type], case_sensitive=False)
+
+
+@click.group()
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """memcalc: memory of a PyTorch training step, predicted before launch without a GPU."""
+    ctx.obj = {"debug": debug}
+
+
+@main.command()
+@click.option("--model", "model_name", required=True,
+              help="Zoo name (see `memcalc models`) or package.module:callable returning an nn.Module.")
+@click.option("--model-arg", "model_args", type=ModelArgType(), multiple=True,
+              help="Keyword argument for the model builder, e.g. --model-arg depth=50 (repeatable).")
+@click.option("--shape", type=ShapeType(), help="Per-sample shape, comma separated (no batch axis).")
+@click.option("--layout", type=_choice(Layout), default="auto", show_default=True,
+              help="Where the channel axis is; auto checks against the first layer.")
+@click.option("--input-dtype", type=click.Choice(list(INPUT_DTYPES)),
+              help="dtype of the input batch [default: the zoo model's, else float32].")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--loss", type=_choice(LossKind), default="cross-entropy", show_default=True)
+@click.option("--optimizer", type=click.Choice(optimizer_names()), default="adam", show_default=True)
+@click.option("--precision", type=_choice(Precision), default="fp32", show_default=True)
+@click.option("--device", type=_choice(DeviceKind), default="cuda", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
+@click.pass_context
+def estimate(ctx, model_name, model_args, shape, layout, input_dtype, batch_size, loss,
+             optimizer, precision, device, as_json, show_layers) -> None:
+    """Memory of one training step: peak, breakdown at the peak, top modules."""
+    from memcalc.estimate import estimate as run_estimate
+    from memcalc.render import print_report
+
+    def work():
+        spec = TrainingSpec(model=model_name, model_args=dict(model_args), sample_shape=shape,
+                            layout=layout, input_dtype=input_dtype, batch_size=batch_size,
+                            loss=loss, optimizer=optimizer, precision=precision, device=device)
+        report = run_estimate(spec)
+        if as_json:
+            click.echo(report.model_dump_json(indent=2))
+        else:
+            print_report(report, Console(), show_layers)
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the zoo as JSON.")
+def models(as_json: bool) -> None:
+    """List the model zoo with parameter counts and default sample shapes."""
+    rows = zoo_rows()
+    if as_json:
+        click.echo("[" + ",\n".join(row.model_dump_json() for row in rows) + "]")
+        return
+    table = Table(title="memcalc model zoo")
+    for column in ("name", "parameters", "default shape", "input dtype", "description"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row.name, format_count(row.parameter_count),
+                      ",".join(map(str, row.default_shape)), row.input_dtype, row.description)
+    Console().print(table)
+
+
+def _run_guarded(ctx: click.Context, work) -> None:
+    """Turn memcalc's errors into one line and an exit code (2 bad input, 1 otherwise)."""
+    try:
+        work()
+    except (MemcalcError, ValidationError) as error:
+        if ctx.obj.get("debug"):
+            raise
+        message = _one_line(error)
+        click.echo(f"Error: {message}", err=True)
+        sys.exit(2 if isinstance(error, (InputError, ValidationError)) else 1)
+
+
+def _one_line(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        first = error.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        return f"{field}: {first['msg'].removeprefix('Value error, ')}"
+    return str(error).splitlines()[0]

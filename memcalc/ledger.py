@@ -1,0 +1,102 @@
+"""Live-bytes ledger: every storage of a traced step, its role, and the event sequence.
+
+Pure bookkeeping, no torch. A storage becomes a ``StorageRecord`` when it first appears; its
+category may be refined later (a backward output that becomes a ``.grad``), and because the
+peak is reconstructed by replaying the ``events`` list, the refined role is the one reported.
+The event list (allocation / free, in order) is what a caching-allocator replay consumes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from enum import Enum
+
+from memcalc.categories import MemoryCategory
+
+
+class Phase(str, Enum):
+    """Part of the training iteration in which a storage was created."""
+
+    SETUP = "setup"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    ZERO_GRAD = "zero_grad"
+
+
+@dataclass
+class StorageRecord:
+    """One storage: its size, where it was made, and what it turned out to be."""
+
+    record_id: int
+    nbytes: int
+    phase: Phase
+    iteration: int
+    module_path: str
+    category: MemoryCategory
+    freed: bool = False
+
+
+@dataclass(frozen=True)
+class MemoryEvent:
+    """``delta_bytes`` > 0: the record was allocated; < 0: it was freed."""
+
+    record_id: int
+    delta_bytes: int
+
+
+@dataclass
+class MemoryLedger:
+    """Running total of live storage bytes with the peak and how it was reached."""
+
+    records: list[StorageRecord] = field(default_factory=list)
+    events: list[MemoryEvent] = field(default_factory=list)
+    live_bytes: int = 0
+    peak_bytes: int = 0
+    peak_event_count: int = 0
+
+    def allocate(self, nbytes: int, phase: Phase, iteration: int, module_path: str,
+                 category: MemoryCategory) -> StorageRecord:
+        record = StorageRecord(len(self.records), nbytes, phase, iteration, module_path, category)
+        self.records.append(record)
+        self.events.append(MemoryEvent(record.record_id, nbytes))
+        self.live_bytes += nbytes
+        if self.live_bytes > self.peak_bytes:
+            self.peak_bytes = self.live_bytes
+            self.peak_event_count = len(self.events)
+        return record
+
+    def free(self, record: StorageRecord) -> None:
+        record.freed = True
+        self.events.append(MemoryEvent(record.record_id, -record.nbytes))
+        self.live_bytes -= record.nbytes
+
+    def records_live_at_peak(self) -> list[StorageRecord]:
+        """Replay events up to the peak and return the records alive there."""
+        live: set[int] = set()
+        for event in self.events[: self.peak_event_count]:
+            if event.delta_bytes > 0:
+                live.add(event.record_id)
+            else:
+                live.discard(event.record_id)
+        return [self.records[record_id] for record_id in sorted(live)]
+
+    def peak_record(self) -> StorageRecord | None:
+        """The allocation that set the peak (its phase and iteration say when the peak was)."""
+        if self.peak_event_count == 0:
+            return None
+        return self.records[self.events[self.peak_event_count - 1].record_id]
+
+    def bytes_by_category_at_peak(self) -> dict[MemoryCategory, int]:
+        totals: Counter[MemoryCategory] = Counter()
+        for record in self.records_live_at_peak():
+            totals[record.category] += record.nbytes
+        return {category: totals.get(category, 0) for category in MemoryCategory}
+
+    def activation_bytes_by_module_at_peak(self) -> dict[str, int]:
+        per_module: dict[str, int] = defaultdict(int)
+        for record in self.records_live_at_peak():
+            if record.category is MemoryCategory.ACTIVATION:
+                per_module[record.module_path] += record.nbytes
+        return dict(per_module)

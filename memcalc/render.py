@@ -1,0 +1,93 @@
+"""Terminal rendering of reports with rich. Formatting only; no computation."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from memcalc.report import Report
+from memcalc.units import format_bytes, format_count
+
+
+def report_renderable(report: Report, show_layers: bool = False) -> Group:
+    device, spec = report.device, report.spec
+    label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
+    when = (f" — reached in {device.peak_phase} of iteration {device.peak_iteration}"
+            if device.peak_phase else "")
+    head = (
+        f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
+        f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}\n"
+        f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
+        f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}\n"
+        f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}, allocated peak "
+        f"{format_bytes(device.peak_allocated_bytes)}{when})"
+    )
+    parts = [Panel(head, title="memcalc estimate", expand=False), _breakdown_table(report)]
+    if device.top_modules:
+        parts.append(_top_modules_table(report))
+    parts.append(_static_table(report))
+    if show_layers and report.model.layers:
+        parts.append(_layers_table(report))
+    parts.append(_bullets("Assumptions", report.assumptions))
+    if report.unsupported:
+        parts.append(_bullets("Not modelled", report.unsupported))
+    return Group(*parts)
+
+
+def _breakdown_table(report: Report) -> Table:
+    breakdown = report.device.breakdown
+    table = Table(title="Device memory at the peak", title_justify="left")
+    table.add_column("category")
+    table.add_column("size", justify="right")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    total = breakdown.total_bytes or 1
+    for category, nbytes in breakdown.by_category().items():
+        table.add_row(category.value, format_bytes(nbytes), f"{nbytes:,}", f"{100 * nbytes / total:.1f} %")
+    table.add_row("[bold]total[/]", f"[bold]{format_bytes(breakdown.total_bytes)}[/]",
+                  f"{breakdown.total_bytes:,}", "100.0 %")
+    return table
+
+
+def _top_modules_table(report: Report) -> Table:
+    table = Table(title="Top modules by activation bytes at the peak", title_justify="left")
+    table.add_column("module")
+    table.add_column("activations", justify="right")
+    for row in report.device.top_modules:
+        table.add_row(row.module, format_bytes(row.activation_bytes))
+    return table
+
+
+def _static_table(report: Report) -> Table:
+    static = report.static
+    table = Table(title="Static count (no trace)", title_justify="left")
+    table.add_column("item")
+    table.add_column("size", justify="right")
+    for name, nbytes in (
+        ("parameters", static.parameter_bytes), ("buffers", static.buffer_bytes),
+        ("gradients", static.gradient_bytes), ("optimizer state", static.optimizer_state_bytes),
+        ("optimizer step counters", static.optimizer_step_counter_bytes),
+        ("model states total", static.model_state_bytes),
+        ("input batch", static.input_batch_bytes),
+    ):
+        table.add_row(name, format_bytes(nbytes))
+    return table
+
+
+def _layers_table(report: Report) -> Table:
+    table = Table(title="Layers (torchinfo, batch of one)", title_justify="left")
+    for column in ("layer", "type", "output shape", "params"):
+        table.add_column(column, justify="right" if column == "params" else "left")
+    for row in report.model.layers:
+        table.add_row("  " * (row.depth - 1) + row.name, row.kind,
+                      str(row.output_shape or "-"), f"{row.parameter_count:,}")
+    return table
+
+
+def _bullets(title: str, lines: list[str]) -> Panel:
+    return Panel("\n".join(f"• {line}" for line in lines), title=title, title_align="left")
+
+
+def print_report(report: Report, console: Console | None = None, show_layers: bool = False) -> None:
+    (console or Console()).print(report_renderable(report, show_layers))

@@ -1,0 +1,142 @@
+"""What an estimate found. Quantities are integer bytes; totals are computed, not stored."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, computed_field
+
+from memcalc.categories import MemoryCategory
+from memcalc.specs import TrainingSpec
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Breakdown(BaseModel):
+    """Bytes per ``MemoryCategory`` at the peak (field names are the category values)."""
+
+    model_config = _FROZEN
+
+    parameters: int
+    buffers: int
+    input_batch: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    temporaries: int
+
+    @classmethod
+    def from_categories(cls, bytes_by_category: dict[MemoryCategory, int]) -> Breakdown:
+        return cls(**{category.value: bytes_by_category.get(category, 0)
+                      for category in MemoryCategory})
+
+    def by_category(self) -> dict[MemoryCategory, int]:
+        return {category: getattr(self, category.value) for category in MemoryCategory}
+
+    @computed_field
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.by_category().values())
+
+
+class ModuleActivation(BaseModel):
+    """Activation bytes alive at the peak that were made inside one module (innermost)."""
+
+    model_config = _FROZEN
+
+    module: str
+    activation_bytes: int
+
+
+class LayerRow(BaseModel):
+    """One row of the torchinfo per-layer table (batch of one)."""
+
+    model_config = _FROZEN
+
+    name: str
+    kind: str
+    depth: int
+    output_shape: list[int] | None
+    parameter_count: int
+
+
+class ModelSummary(BaseModel):
+    model_config = _FROZEN
+
+    name: str
+    parameter_count: int
+    trainable_parameter_count: int
+    buffer_element_count: int
+    layers: list[LayerRow]
+
+
+class InputSummary(BaseModel):
+    """How the per-sample shape was read and what batch was traced."""
+
+    model_config = _FROZEN
+
+    layout: str
+    layout_explanation: str
+    traced_batch_shape: tuple[int, ...]
+    dtype: str
+    output_shape: tuple[int, ...] | None
+
+
+class StaticEstimate(BaseModel):
+    """Counted without running the model: model states and the input batch."""
+
+    model_config = _FROZEN
+
+    parameter_bytes: int
+    buffer_bytes: int
+    gradient_bytes: int
+    optimizer_state_bytes: int
+    optimizer_step_counter_bytes: int
+    input_batch_bytes: int
+
+    @computed_field
+    @property
+    def model_state_bytes(self) -> int:
+        """Parameters, buffers, gradients and optimizer state (what every step holds)."""
+        return (self.parameter_bytes + self.buffer_bytes + self.gradient_bytes
+                + self.optimizer_state_bytes + self.optimizer_step_counter_bytes)
+
+
+class DeviceReport(BaseModel):
+    """Memory of one training step on the target device."""
+
+    model_config = _FROZEN
+
+    kind: Literal["cuda", "cpu"]
+    batch_size: int
+    method: Literal["traced", "static"]
+    breakdown: Breakdown
+    top_modules: list[ModuleActivation]
+    peak_phase: str | None
+    peak_iteration: int | None
+
+    @computed_field
+    @property
+    def peak_allocated_bytes(self) -> int:
+        """Live tensor bytes at the peak (``torch.cuda.max_memory_allocated`` on CUDA)."""
+        return self.breakdown.total_bytes
+
+    @computed_field
+    @property
+    def peak_bytes(self) -> int:
+        """The figure to compare with capacity."""
+        return self.peak_allocated_bytes
+
+
+class Report(BaseModel):
+    """Everything one estimate found, with what it assumed and what it could not model."""
+
+    model_config = _FROZEN
+
+    spec: TrainingSpec
+    model: ModelSummary
+    input: InputSummary
+    static: StaticEstimate
+    device: DeviceReport
+    assumptions: list[str]
+    unsupported: list[str]

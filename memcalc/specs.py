@@ -1,0 +1,109 @@
+"""What is being trained: the input of every estimator."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from memcalc.optimizers import optimizer_names
+
+INPUT_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+}
+
+
+class Precision(str, Enum):
+    """Numeric precision of training (names follow Lightning's)."""
+
+    FP32 = "fp32"
+    BF16_MIXED = "bf16-mixed"
+    FP16_MIXED = "fp16-mixed"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+
+class LossKind(str, Enum):
+    """Loss applied to the model's output in the traced step."""
+
+    CROSS_ENTROPY = "cross-entropy"
+    MSE = "mse"
+    SUM = "sum"
+
+
+class DeviceKind(str, Enum):
+    """Where the training step is predicted to run."""
+
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class Layout(str, Enum):
+    """Where the channel axis sits in the per-sample shape."""
+
+    AUTO = "auto"
+    CHANNELS_FIRST = "channels-first"
+    CHANNELS_LAST = "channels-last"
+
+
+ModelArgValue = int | float | bool | str
+
+
+class TrainingSpec(BaseModel):
+    """One training configuration to estimate.
+
+    ``model`` is a zoo name (``memcalc models``) or ``package.module:callable`` returning an
+    ``nn.Module``; ``model_args`` are keyword arguments for that builder.
+    ``sample_shape`` is one sample without the batch axis, as the Dataset yields it;
+    ``sample_shape`` and ``input_dtype`` default to the zoo model's own (float32 otherwise).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(min_length=1)
+    model_args: dict[str, ModelArgValue] = Field(default_factory=dict)
+    sample_shape: tuple[int, ...] | None = None
+    layout: Layout = Layout.AUTO
+    input_dtype: str | None = None
+    batch_size: int = Field(default=1, ge=1)
+    loss: LossKind = LossKind.CROSS_ENTROPY
+    optimizer: str = "adam"
+    precision: Precision = Precision.FP32
+    device: DeviceKind = DeviceKind.CUDA
+
+    @field_validator("sample_shape")
+    @classmethod
+    def _positive_dims(cls, shape: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if shape is not None:
+            if len(shape) == 0:
+                raise ValueError("sample shape must have at least one dimension")
+            bad = [dim for dim in shape if dim <= 0]
+            if bad:
+                raise ValueError(f"sample shape dimensions must be positive: got {shape}")
+        return shape
+
+    @field_validator("input_dtype")
+    @classmethod
+    def _known_dtype(cls, name: str | None) -> str | None:
+        if name is not None and name not in INPUT_DTYPES:
+            raise ValueError(f"unknown input dtype {name!r}; accepted: {', '.join(INPUT_DTYPES)}")
+        return name
+
+    @field_validator("optimizer")
+    @classmethod
+    def _known_optimizer(cls, name: str) -> str:
+        if name not in optimizer_names():
+            raise ValueError(f"unknown optimizer {name!r}; accepted: {', '.join(optimizer_names())}")
+        return name
+
+    def with_changes(self, **changes: Any) -> TrainingSpec:
+        """A copy with some fields replaced, validated again."""
+        return TrainingSpec.model_validate({**self.model_dump(), **changes})
