@@ -27,5 +27,6 @@ class GPT2(nn.Module):
         return self.lm_head(self.norm(self.blocks(x)))
 
 
-def gpt2(n_positions: int = 1024, depth: int = 12) -> GPT2:
-    return GPT2(n_positions=n_positions, depth=depth)
+def gpt2(vocab: int = 50257, n_positions: int = 1024, dim: int = 768, depth: int = 12,
+         heads: int = 12) -> GPT2:
+    return GPT2(vocab=vocab, n_positions=n_positions, dim=dim, depth=depth, heads=heads)

@@ -25,5 +25,7 @@ class Llama(nn.Module):
         return self.lm_head(self.norm(self.blocks(self.token_embedding(token_ids))))
 
 
-def llama_7b(depth: int = 32, max_positions: int = 4096) -> Llama:
-    return Llama(depth=depth, max_positions=max_positions)
+def llama_7b(vocab: int = 32000, dim: int = 4096, depth: int = 32, heads: int = 32,
+             hidden: int = 11008, max_positions: int = 4096) -> Llama:
+    return Llama(vocab=vocab, dim=dim, depth=depth, heads=heads, hidden=hidden,
+                 max_positions=max_positions)

@@ -28,5 +28,7 @@ class VisionTransformer(nn.Module):
         return self.head(self.norm(self.blocks(tokens))[:, 0])
 
 
-def vit_b16(image_size: int = 224, num_classes: int = 1000) -> VisionTransformer:
-    return VisionTransformer(image_size=image_size, num_classes=num_classes)
+def vit_b16(image_size: int = 224, patch: int = 16, dim: int = 768, depth: int = 12,
+            heads: int = 12, num_classes: int = 1000) -> VisionTransformer:
+    return VisionTransformer(image_size=image_size, patch=patch, dim=dim, depth=depth,
+                             heads=heads, num_classes=num_classes)

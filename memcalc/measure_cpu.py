@@ -1,0 +1,64 @@
+"""Ground truth: the peak of a real CPU training step, measured by the PyTorch profiler.
+
+Runs the same step the tracer runs (forward under optional autocast, loss, backward,
+optimizer step, ``zero_grad(set_to_none=True)``, twice) on real tensors, with
+``torch.profiler.profile(profile_memory=True, record_shapes=True, with_stack=True)``, and
+reads the peak of ``export_memory_timeline(device="cpu")`` (tensors that existed before
+profiling, such as parameters, appear there as pre-existing). For validation: it allocates
+everything for real, so keep the model and batch small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import warnings
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from memcalc.losses import compute_loss, make_target, primary_output
+from memcalc.optimizers import OptimizerRule
+from memcalc.specs import LossKind
+
+
+def measure_cpu_peak_bytes(model: nn.Module, batch: torch.Tensor, loss: LossKind,
+                           optimizer: OptimizerRule, *, classes_last: bool,
+                           autocast_dtype: torch.dtype | None = None,
+                           iterations: int = 2) -> int:
+    """Peak live CPU tensor bytes over ``iterations`` real training steps."""
+    model.train()
+    built_optimizer = optimizer.build(model.parameters(), False)
+    target: list[torch.Tensor | None] = []
+
+    def step() -> None:
+        autocast = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype
+                    else contextlib.nullcontext())
+        with autocast:
+            output = primary_output(model(batch))
+            if not target:
+                target.append(make_target(loss, output, classes_last))
+            step_loss = compute_loss(loss, output, target[0], classes_last)
+        step_loss.backward()
+        built_optimizer.step()
+        built_optimizer.zero_grad(set_to_none=True)
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
+                 with_stack=True) as profiler:
+        for _ in range(iterations):
+            step()
+    return _timeline_peak(profiler)
+
+
+def _timeline_peak(profiler: profile) -> int:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "timeline.json")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated, still the CPU truth
+            profiler.export_memory_timeline(path, device="cpu")
+        with open(path) as handle:
+            times, sizes = json.load(handle)
+    return max(sum(per_category) for per_category in sizes) if times else 0

@@ -1,0 +1,44 @@
+"""User-style model factories for ``--model tests.models_for_tests:NAME`` tests."""
+
+import torch
+from torch import nn
+
+
+def tiny_mlp():
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def not_a_module():
+    return 42
+
+
+class _ItemGate(nn.Module):
+    """Data-dependent control flow: needs a real value, cannot run on fake tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        if x.sum().item() > 0:
+            return self.linear(x)
+        return self.linear(-x)
+
+
+def item_gate():
+    return _ItemGate()
+
+
+class _Frozen(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 4)
+        self.backbone.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.backbone(x))
+
+
+def frozen_backbone():
+    return _Frozen()

@@ -1,0 +1,96 @@
+"""The command line: bad input gives one line and a non-zero exit; --json is the report."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from memcalc.cli import main
+from models_zoo import ZOO
+
+TINY_MLP = ["--model", "mlp", "--model-arg", "in_features=64", "--model-arg", "hidden=128",
+            "--shape", "64"]
+
+BAD_INVOCATIONS = {
+    "non-numeric shape": (["--model", "resnet3d", "--shape", "3,x,224,224"],
+                          r"shape must be positive integers separated by commas"),
+    "zero in shape": (["--model", "resnet3d", "--shape", "3,0,224,224"],
+                      r"shape dimensions must be positive"),
+    "negative shape": (["--model", "resnet3d", "--shape", "3,-8,224,224"],
+                       r"shape dimensions must be positive"),
+    "unknown model": (["--model", "resnet3", "--shape", "3,8,8,8"],
+                      r"unknown model 'resnet3' \(did you mean 'resnet3d'\?\); zoo models: resnet3d, unet3d"),
+    "callable returning a non-module": (
+        ["--model", "tests.models_for_tests:not_a_module", "--shape", "8"],
+        r"returned int, not a torch.nn.Module"),
+    "unimportable module": (["--model", "no_such_pkg.models:build", "--shape", "8"],
+                            r"cannot import 'no_such_pkg.models'"),
+    "missing attribute": (["--model", "tests.models_for_tests:nope", "--shape", "8"],
+                          r"has no attribute 'nope'"),
+    "unknown optimizer": (["--model", "mlp", "--optimizer", "lamb"],
+                          r"Invalid value for '--optimizer': 'lamb' is not one of"),
+    "unknown precision": (["--model", "mlp", "--precision", "fp8"],
+                          r"Invalid value for '--precision': 'fp8' is not one of"),
+    "shape fits neither layout": (["--model", "resnet3d", "--shape", "834,224,834,5"],
+                                  r"fits neither layout.*takes 3 channels"),
+    "wrong rank for the first layer": (["--model", "resnet3d", "--shape", "3,224,224"],
+                                       r"has 3 dims but the first layer 'stem.0' \(Conv3d\)"),
+    "bad builder argument": (["--model", "resnet3d", "--model-arg", "depth=7"],
+                             r"resnet3d depth must be one of \[10, 18, 34, 50\]"),
+    "float input to an embedding": (["--model", "gpt2", "--input-dtype", "float32"],
+                                    r"token ids need an integer dtype.*use int64"),
+    "batch size zero": (["--model", "mlp", "--batch-size", "0"], r"0 is not in the range x>=1"),
+    "malformed model arg": (["--model", "mlp", "--model-arg", "depth"],
+                            r"model argument must look like key=value"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INVOCATIONS))
+def test_bad_input_is_one_line_and_nonzero(case):
+    args, message = BAD_INVOCATIONS[case]
+    result = CliRunner().invoke(main, ["estimate", *args])
+    assert result.exit_code == 2
+    assert "Traceback" not in result.output
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(error_lines) == 1
+    assert re.search(message, result.stderr.replace("\n", " ")), result.stderr
+
+
+def test_json_report_has_the_documented_fields():
+    result = CliRunner().invoke(main, ["estimate", *TINY_MLP, "--batch-size", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    device = report["device"]
+    for field in ("kind", "batch_size", "peak_bytes", "peak_allocated_bytes", "breakdown",
+                  "top_modules"):
+        assert field in device
+    assert device["kind"] == "cuda" and device["batch_size"] == 4
+    assert sum(v for k, v in device["breakdown"].items() if k != "total_bytes") == device["peak_bytes"]
+    assert report["assumptions"] and isinstance(report["unsupported"], list)
+
+
+def test_seed_case_is_read_as_channels_last_and_rendered_in_iec_units():
+    result = CliRunner().invoke(main, ["estimate", "--model", "resnet3d", "--shape",
+                                       "834,224,834,3", "--model-arg", "depth=10"])
+    assert result.exit_code == 0, result.output
+    assert "channels-last" in result.output
+    assert "(1, 3, 834, 224, 834)" in result.output
+    assert "GiB" in result.output and "Assumptions" in result.output
+
+
+def test_models_lists_every_zoo_entry():
+    result = CliRunner().invoke(main, ["models", "--json"])
+    rows = {row["name"]: row for row in json.loads(result.output)}
+    assert set(rows) == set(ZOO)
+    assert rows["resnet50"]["parameter_count"] == 25_557_032
+
+
+def test_console_entry_point_exits_nonzero_without_traceback():
+    completed = subprocess.run([sys.executable, "-m", "memcalc", "estimate", "--model",
+                                "nosuch"], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert "Traceback" not in completed.stderr
+    assert completed.stderr.strip().startswith("Error: unknown model 'nosuch'")

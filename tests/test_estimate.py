@@ -1,0 +1,98 @@
+"""Estimates against the truth of real CPU runs (profiler memory timeline)."""
+
+import pytest
+
+from memcalc.estimate import estimate
+from memcalc.specs import TrainingSpec
+from tests.conftest import real_cpu_peak
+
+TINY_GPT2 = dict(vocab=1000, n_positions=128, dim=128, depth=2, heads=4)
+TINY_LLAMA = dict(vocab=1000, dim=128, depth=2, heads=4, hidden=344, max_positions=128)
+TINY_MLP = dict(in_features=256, hidden=1024, depth=2)
+
+CPU_TRUTH_CASES = {
+    "mlp-adam": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,), batch_size=32),
+    "mlp-sgd-momentum-mse": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
+                                 batch_size=32, optimizer="sgd-momentum", loss="mse"),
+    "mlp-rmsprop-sum": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
+                            batch_size=16, optimizer="rmsprop", loss="sum"),
+    "mlp-adagrad": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,), batch_size=8,
+                        optimizer="adagrad"),
+    "mlp-bf16-mixed": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
+                           batch_size=32, precision="bf16-mixed"),
+    "gpt2-sdpa-embeddings-tied": dict(model="gpt2", model_args=TINY_GPT2, sample_shape=(128,),
+                                      batch_size=4),
+    "gpt2-adamw-bf16-mixed": dict(model="gpt2", model_args=TINY_GPT2, sample_shape=(64,),
+                                  batch_size=4, optimizer="adamw", precision="bf16-mixed"),
+    "llama-rope-swiglu": dict(model="llama_7b", model_args=TINY_LLAMA, sample_shape=(64,),
+                              batch_size=2),
+}
+
+
+@pytest.mark.parametrize("case", list(CPU_TRUTH_CASES))
+def test_cpu_estimate_within_3_percent_of_real_run(case):
+    spec = TrainingSpec(device="cpu", **CPU_TRUTH_CASES[case])
+    report = estimate(spec)
+    truth = real_cpu_peak(spec, report.input.traced_batch_shape)
+    assert report.device.method == "traced"
+    assert report.device.peak_bytes == pytest.approx(truth, rel=0.03)
+
+
+def test_breakdown_adds_up_to_peak_and_model_states_match_static_count():
+    report = estimate(TrainingSpec(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
+                                   batch_size=4, device="cpu"))
+    breakdown, static = report.device.breakdown, report.static
+    assert breakdown.total_bytes == report.device.peak_allocated_bytes == report.device.peak_bytes
+    assert breakdown.parameters == static.parameter_bytes
+    # peak of a small-batch MLP with Adam is in an optimizer step: all grads and states exist
+    assert report.device.peak_phase == "optimizer"
+    assert breakdown.gradients == static.gradient_bytes
+    assert breakdown.optimizer_state <= static.optimizer_state_bytes + static.optimizer_step_counter_bytes
+
+
+def test_tied_weights_are_counted_once_in_the_trace():
+    report = estimate(TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(32,),
+                                   device="cpu"))
+    dim, vocab, positions, depth = 128, 1000, 128, 2
+    per_block = 12 * dim * dim + 13 * dim  # qkv, proj, fc, proj with biases, two LayerNorms
+    expected_params = vocab * dim + positions * dim + depth * per_block + 2 * dim
+    assert report.model.parameter_count == expected_params
+    assert report.device.breakdown.parameters == 4 * expected_params
+
+
+def test_peak_is_affine_in_batch_size_once_activations_dominate():
+    def peak(batch):
+        return estimate(TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(128,),
+                                     batch_size=batch, device="cpu")).device.peak_bytes
+
+    p4, p8, p16 = peak(4), peak(8), peak(16)
+    assert p4 < p8 < p16
+    assert p16 - p8 == pytest.approx(2 * (p8 - p4), rel=0.02)
+
+
+def test_frozen_parameters_get_no_gradients_or_state():
+    report = estimate(TrainingSpec(model="tests.models_for_tests:frozen_backbone",
+                                   sample_shape=(64,), batch_size=2, device="cpu"))
+    trainable = 64 * 4 + 4
+    assert report.model.trainable_parameter_count == trainable
+    assert report.static.gradient_bytes == 4 * trainable
+    assert report.static.optimizer_state_bytes == 2 * 4 * trainable
+
+
+def test_untraceable_model_falls_back_to_a_labelled_static_estimate():
+    report = estimate(TrainingSpec(model="tests.models_for_tests:item_gate", sample_shape=(8,),
+                                   batch_size=3, device="cpu"))
+    assert report.device.method == "static"
+    assert any("STATIC estimate" in line and "real tensor values" in line
+               for line in report.unsupported)
+    static = report.static
+    params = 8 * 4 + 4
+    assert report.device.breakdown.parameters == 4 * params
+    assert report.device.breakdown.input_batch == static.input_batch_bytes == 3 * 8 * 4
+
+
+def test_cuda_report_lists_what_it_does_not_model_yet():
+    report = estimate(TrainingSpec(model="mlp", model_args=TINY_MLP, sample_shape=(256,)))
+    assert report.device.kind == "cuda"
+    assert any("foreach" in line for line in report.assumptions)
+    assert any("CUDA context" in line for line in report.unsupported)

@@ -1,0 +1,30 @@
+from memcalc.categories import MemoryCategory as C
+from memcalc.ledger import MemoryLedger, Phase
+
+
+def test_peak_and_breakdown_are_replayed_from_events():
+    ledger = MemoryLedger()
+    weights = ledger.allocate(100, Phase.SETUP, 0, "", C.PARAMETER)
+    act = ledger.allocate(50, Phase.FORWARD, 1, "layer", C.TEMPORARY)
+    scratch = ledger.allocate(30, Phase.FORWARD, 1, "layer", C.TEMPORARY)
+    ledger.free(scratch)
+    grad = ledger.allocate(100, Phase.BACKWARD, 1, "", C.TEMPORARY)  # peak: 100+50+100
+    ledger.free(act)
+    ledger.allocate(10, Phase.OPTIMIZER, 1, "", C.OPTIMIZER_STATE)
+    # roles learned after the peak still apply to it
+    act.category, grad.category = C.ACTIVATION, C.GRADIENT
+    assert ledger.peak_bytes == 250
+    assert ledger.live_bytes == 210
+    assert ledger.peak_record() is grad
+    at_peak = ledger.bytes_by_category_at_peak()
+    assert at_peak[C.PARAMETER] == 100 and at_peak[C.ACTIVATION] == 50
+    assert at_peak[C.GRADIENT] == 100 and at_peak[C.TEMPORARY] == 0
+    assert sum(at_peak.values()) == ledger.peak_bytes
+    assert ledger.activation_bytes_by_module_at_peak() == {"layer": 50}
+    assert scratch.freed and not weights.freed
+
+
+def test_empty_ledger_has_no_peak():
+    ledger = MemoryLedger()
+    assert ledger.peak_record() is None
+    assert sum(ledger.bytes_by_category_at_peak().values()) == 0

@@ -1,0 +1,30 @@
+import pytest
+import torch
+
+from memcalc.errors import ModelSourceError
+from memcalc.model_source import resolve_model
+
+
+def test_zoo_model_carries_its_defaults():
+    source = resolve_model("gpt2")
+    assert source.default_shape == (1024,) and source.default_input_dtype == "int64"
+
+
+def test_user_callable_is_built_on_meta():
+    model = resolve_model("tests.models_for_tests:tiny_mlp").build_meta()
+    assert {p.device for p in model.parameters()} == {torch.device("meta")}
+
+
+@pytest.mark.parametrize("reference,message", [
+    ("gtp2", r"unknown model 'gtp2' \(did you mean 'gpt2'\?\)"),
+    ("tests.models_for_tests:", r"must look like package.module:callable"),
+    ("tests.models_for_tests:not_a_module", r"returned int, not a torch.nn.Module"),
+])
+def test_bad_references(reference, message):
+    with pytest.raises(ModelSourceError, match=message):
+        resolve_model(reference).build_meta()
+
+
+def test_builder_argument_errors_name_the_model():
+    with pytest.raises(ModelSourceError, match=r"model 'mlp' rejected its arguments"):
+        resolve_model("mlp", {"width": 3}).build_meta()

@@ -1,0 +1,54 @@
+"""Every zoo model builds without weights and estimates on its default shape."""
+
+import pytest
+import torch
+
+from memcalc.estimate import estimate
+from memcalc.specs import TrainingSpec
+from models_zoo import ZOO
+
+# Published parameter counts (torchvision weight docs `num_params`; HF model cards).
+PUBLISHED_PARAMETER_COUNTS = {
+    "resnet3d": 33_371_472,   # torchvision R3D_18_Weights.KINETICS400_V1
+    "resnet50": 25_557_032,   # torchvision ResNet50_Weights.IMAGENET1K_V1
+    "vit_b16": 86_567_656,    # torchvision ViT_B_16_Weights.IMAGENET1K_V1
+    "gpt2": 124_439_808,      # Hugging Face gpt2 (GPT2LMHeadModel, tied head)
+    "llama_7b": 6_738_415_616,  # Llama-2-7b
+}
+
+
+def _closed_form_mlp(in_features=1024, hidden=4096, depth=3, classes=10):
+    return (in_features * hidden + hidden + (depth - 1) * (hidden * hidden + hidden)
+            + hidden * classes + classes)
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_builds_on_meta_without_allocating(name):
+    with torch.device("meta"):
+        model = ZOO[name].build()
+    assert all(p.device.type == "meta" for p in model.parameters())
+    count = sum(p.numel() for p in model.parameters())
+    if name in PUBLISHED_PARAMETER_COUNTS:
+        assert count == PUBLISHED_PARAMETER_COUNTS[name]
+    if name == "mlp":
+        assert count == _closed_form_mlp()
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_estimates_on_default_shape(name):
+    report = estimate(TrainingSpec(model=name))
+    device = report.device
+    assert device.method == "traced"
+    assert tuple(report.input.traced_batch_shape[1:]) == ZOO[name].default_shape
+    # a training step holds at least its parameters, their grads at some point, and the input
+    assert device.peak_bytes > report.static.parameter_bytes + report.static.input_batch_bytes
+    assert device.breakdown.total_bytes == device.peak_bytes
+    assert device.breakdown.parameters == report.static.parameter_bytes
+
+
+def test_llama_7b_fp32_adam_model_states_are_16_bytes_per_parameter():
+    report = estimate(TrainingSpec(model="llama_7b", sample_shape=(128,)))
+    params = PUBLISHED_PARAMETER_COUNTS["llama_7b"]
+    states = report.static
+    assert states.parameter_bytes + states.gradient_bytes + states.optimizer_state_bytes == 16 * params
+    assert report.device.peak_bytes > 16 * params  # does not fit on an 80 GB GPU
