@@ -21,8 +21,10 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from memcalc.losses import compute_loss, make_target, primary_output
-from memcalc.optimizers import OptimizerRule
-from memcalc.specs import LossKind
+from memcalc.model_source import resolve_model
+from memcalc.optimizers import OptimizerRule, optimizer_rule
+from memcalc.precision import precision_policy
+from memcalc.specs import INPUT_DTYPES, LossKind, TrainingSpec
 
 
 def measure_cpu_peak_bytes(model: nn.Module, batch: torch.Tensor, loss: LossKind,
@@ -62,3 +64,24 @@ def _timeline_peak(profiler: profile) -> int:
         with open(path) as handle:
             times, sizes = json.load(handle)
     return max(sum(per_category) for per_category in sizes) if times else 0
+
+
+def measure_spec_cpu_peak(spec: TrainingSpec, traced_batch_shape: tuple[int, ...]) -> int:
+    """Build the spec's model with real weights and measure its step on CPU.
+
+    ``traced_batch_shape`` is the report's ``input.traced_batch_shape`` (channels-first).
+    Token ids are drawn below 100, so the model's vocabulary must be larger.
+    """
+    torch.manual_seed(0)
+    source = resolve_model(spec.model, spec.model_args)
+    model = source.factory(**spec.model_args)
+    token_ids = not INPUT_DTYPES[spec.input_dtype or source.default_input_dtype
+                                 or "float32"].is_floating_point
+    batch = (torch.randint(0, 100, traced_batch_shape) if token_ids
+             else torch.randn(traced_batch_shape))
+    policy = precision_policy(spec.precision)
+    if policy.autocast_dtype is None and policy.parameter_dtype != torch.float32:
+        model = model.to(policy.parameter_dtype)
+        batch = batch if token_ids else batch.to(policy.parameter_dtype)
+    return measure_cpu_peak_bytes(model, batch, spec.loss, optimizer_rule(spec.optimizer),
+                                  classes_last=token_ids, autocast_dtype=policy.autocast_dtype)

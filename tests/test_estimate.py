@@ -2,38 +2,16 @@
 
 import pytest
 
+from benchmarks.cases import CPU_TRUTH_CASES, TINY_GPT2, TINY_MLP
 from memcalc.estimate import estimate
+from memcalc.measure_cpu import measure_spec_cpu_peak
 from memcalc.specs import TrainingSpec
-from tests.conftest import real_cpu_peak
-
-TINY_GPT2 = dict(vocab=1000, n_positions=128, dim=128, depth=2, heads=4)
-TINY_LLAMA = dict(vocab=1000, dim=128, depth=2, heads=4, hidden=344, max_positions=128)
-TINY_MLP = dict(in_features=256, hidden=1024, depth=2)
-
-CPU_TRUTH_CASES = {
-    "mlp-adam": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,), batch_size=32),
-    "mlp-sgd-momentum-mse": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
-                                 batch_size=32, optimizer="sgd-momentum", loss="mse"),
-    "mlp-rmsprop-sum": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
-                            batch_size=16, optimizer="rmsprop", loss="sum"),
-    "mlp-adagrad": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,), batch_size=8,
-                        optimizer="adagrad"),
-    "mlp-bf16-mixed": dict(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
-                           batch_size=32, precision="bf16-mixed"),
-    "gpt2-sdpa-embeddings-tied": dict(model="gpt2", model_args=TINY_GPT2, sample_shape=(128,),
-                                      batch_size=4),
-    "gpt2-adamw-bf16-mixed": dict(model="gpt2", model_args=TINY_GPT2, sample_shape=(64,),
-                                  batch_size=4, optimizer="adamw", precision="bf16-mixed"),
-    "llama-rope-swiglu": dict(model="llama_7b", model_args=TINY_LLAMA, sample_shape=(64,),
-                              batch_size=2),
-}
-
 
 @pytest.mark.parametrize("case", list(CPU_TRUTH_CASES))
 def test_cpu_estimate_within_3_percent_of_real_run(case):
     spec = TrainingSpec(device="cpu", **CPU_TRUTH_CASES[case])
     report = estimate(spec)
-    truth = real_cpu_peak(spec, report.input.traced_batch_shape)
+    truth = measure_spec_cpu_peak(spec, report.input.traced_batch_shape)
     assert report.device.method == "traced"
     assert report.device.peak_bytes == pytest.approx(truth, rel=0.03)
 

@@ -1,0 +1,95 @@
+"""Core benchmark: estimator speed/RSS on the zoo and the seed case, and accuracy against
+real CPU runs. Prints tables and writes benchmarks/results-core.md.
+
+    python -m benchmarks.core
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
+from memcalc.estimate import estimate
+from memcalc.measure_cpu import measure_spec_cpu_peak
+from memcalc.specs import TrainingSpec
+from memcalc.units import format_bytes
+from models_zoo import ZOO
+
+RESULTS = Path(__file__).with_name("results-core.md")
+
+
+def cli_run(args: list[str]) -> tuple[float, int, dict]:
+    """Wall seconds, max RSS bytes of a fresh `memcalc estimate --json` process, report."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "memcalc", "estimate", *args, "--json"],
+                          capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return wall, max(rss_kib, before) * 1024, json.loads(done.stdout)
+
+
+def speed_rows() -> list[list[str]]:
+    cases = [("seed: resnet3d 834,224,834,3 b=1", ["--model", "resnet3d", "--shape", "834,224,834,3"]),
+             ("seed: resnet3d 834,224,834,3 b=2", ["--model", "resnet3d", "--shape", "834,224,834,3",
+                                                   "--batch-size", "2"])]
+    cases += [(f"{name} default shape b=1", ["--model", name]) for name in ZOO]
+    rows = []
+    for label, args in cases:
+        wall, rss, report = cli_run(args)
+        rows.append([label, format_bytes(report["device"]["peak_bytes"]), f"{wall:.2f}",
+                     format_bytes(rss)])
+    return rows
+
+
+def accuracy_rows(cases: dict) -> list[list[str]]:
+    rows = []
+    for label, fields in cases.items():
+        spec = TrainingSpec(device="cpu", **fields)
+        report = estimate(spec)
+        truth = measure_spec_cpu_peak(spec, report.input.traced_batch_shape)
+        error = 100 * (report.device.peak_bytes - truth) / truth
+        rows.append([label, f"{truth:,}", f"{report.device.peak_bytes:,}", f"{error:+.2f} %"])
+    return rows
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    speed = markdown_table(["case", "predicted peak", "wall s (whole CLI run)", "max RSS"],
+                           speed_rows())
+    header = ["case", "real CPU peak (B)", "memcalc --device cpu (B)", "error"]
+    linear = markdown_table(header, accuracy_rows(CPU_TRUTH_CASES))
+    conv = markdown_table(header, accuracy_rows(CPU_CONV_CASES))
+    text = "\n\n".join([
+        "# memcalc core benchmark",
+        f"Measured {datetime.date.today()} on {platform.machine()} with "
+        f"{torch.get_num_threads()} torch thread(s), Python {platform.python_version()}, "
+        f"torch {torch.__version__}. Regenerate with `python -m benchmarks.core`.",
+        "## Speed and memory of the estimator (fresh process each, incl. torch import)",
+        speed,
+        "## Accuracy against real CPU runs (profiler memory timeline): linear and attention",
+        linear,
+        "## Convolutional models on CPU (oneDNN / im2col workspaces are not traced)",
+        conv,
+    ]) + "\n"
+    RESULTS.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
