@@ -6,7 +6,7 @@ import torch
 
 from memcalc.assumptions import assumptions, unsupported as unsupported_cuda_effects
 from memcalc.errors import InputError, TraceError
-from memcalc.layout import resolve_layout
+from memcalc.layout import CONV_TYPES, resolve_layout
 from memcalc.model_source import resolve_model
 from memcalc.optimizers import optimizer_rule
 from memcalc.precision import precision_policy
@@ -46,31 +46,33 @@ def estimate(spec: TrainingSpec) -> Report:
                       foreach=foreach, policy=policy)
     try:
         trace = trace_training_step(setup)
-        device = _traced_device_report(spec, trace)
-        output_shape = trace.output_shape
+        device, output_shape = _traced_device_report(spec, trace), trace.output_shape
     except TraceError as error:
         device = _static_device_report(spec, static, leaf_output_elements, policy.parameter_dtype)
         unsupported.append(f"traced step: {error}; the device figure is a STATIC estimate "
                            "(model states, input, layer outputs once), not a trace")
         output_shape = None
-    parameters = list(model.parameters())
     return Report(
-        spec=spec,
-        model=ModelSummary(
-            name=spec.model,
-            parameter_count=sum(p.numel() for p in parameters),
-            trainable_parameter_count=sum(p.numel() for p in parameters if p.requires_grad),
-            buffer_element_count=sum(b.numel() for b in model.buffers()),
-            layers=layers,
-        ),
+        spec=spec, model=_model_summary(spec, model, layers),
         input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
-                           traced_batch_shape=batch_shape, dtype=str(batch_dtype).removeprefix("torch."),
+                           traced_batch_shape=batch_shape,
+                           dtype=str(batch_dtype).removeprefix("torch."),
                            output_shape=output_shape),
-        static=static,
-        device=device,
+        static=static, device=device,
         assumptions=assumptions(spec, model_has_conv=_has_conv(model), foreach=foreach,
-                                 traced=device.method == "traced"),
+                                traced=device.method == "traced"),
         unsupported=unsupported + unsupported_cuda_effects(spec),
+    )
+
+
+def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelSummary:
+    parameters = list(model.parameters())
+    return ModelSummary(
+        name=spec.model,
+        parameter_count=sum(p.numel() for p in parameters),
+        trainable_parameter_count=sum(p.numel() for p in parameters if p.requires_grad),
+        buffer_element_count=sum(b.numel() for b in model.buffers()),
+        layers=layers,
     )
 
 
@@ -112,4 +114,4 @@ def _static_device_report(spec: TrainingSpec, static: StaticEstimate,
 
 
 def _has_conv(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in model.modules())
+    return any(isinstance(m, CONV_TYPES) for m in model.modules())

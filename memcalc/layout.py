@@ -10,6 +10,10 @@ from memcalc.errors import LayoutError
 from memcalc.specs import Layout
 
 
+CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d,
+              nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
 @dataclass(frozen=True)
 class LayoutDecision:
     """The per-sample shape the model is traced with, and why."""
@@ -22,7 +26,7 @@ class LayoutDecision:
 def first_layer(model: nn.Module) -> tuple[str, nn.Module] | None:
     """The first registered conv, linear or embedding layer (registration order)."""
     for name, module in model.named_modules():
-        if isinstance(module, (nn.modules.conv._ConvNd, nn.Linear, nn.Embedding)):
+        if isinstance(module, (*CONV_TYPES, nn.Linear, nn.Embedding)):
             return name or type(module).__name__, module
     return None
 
@@ -32,7 +36,7 @@ def resolve_layout(model: nn.Module, shape: tuple[int, ...], requested: Layout) 
     if found is None:
         return LayoutDecision("unchecked", shape, "no conv/linear/embedding layer to check against")
     name, layer = found
-    if isinstance(layer, nn.modules.conv._ConvNd):
+    if isinstance(layer, CONV_TYPES):
         return _conv_layout(name, layer, shape, Layout(requested))
     if isinstance(layer, nn.Linear):
         if shape[-1] != layer.in_features:
@@ -44,7 +48,7 @@ def resolve_layout(model: nn.Module, shape: tuple[int, ...], requested: Layout) 
     return LayoutDecision("token-ids", shape, f"first layer {name!r} is an embedding")
 
 
-def _conv_layout(name: str, conv: nn.modules.conv._ConvNd, shape: tuple[int, ...],
+def _conv_layout(name: str, conv: nn.Module, shape: tuple[int, ...],
                  requested: Layout) -> LayoutDecision:
     spatial = len(conv.kernel_size)
     channels = conv.in_channels

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from models_zoo.resnet_stages import build_stages
+
 
 class Bottleneck(nn.Module):
     expansion = 4
@@ -41,15 +43,7 @@ class ResNet50(nn.Module):
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU(inplace=True)
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
-        in_planes = 64
-        stages = []
-        for index, (planes, count) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
-            blocks = []
-            for block_index in range(count):
-                stride = 2 if index > 0 and block_index == 0 else 1
-                blocks.append(Bottleneck(in_planes, planes, stride))
-                in_planes = planes * Bottleneck.expansion
-            stages.append(nn.Sequential(*blocks))
+        stages, in_planes = build_stages(Bottleneck, (3, 4, 6, 3))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(in_planes, num_classes)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from models_zoo.resnet_stages import build_stages
+
 
 def _conv3x3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv3d:
     return nn.Conv3d(in_planes, out_planes, kernel_size=3, stride=stride, padding=1, bias=False)
@@ -81,15 +83,7 @@ class ResNet3d(nn.Module):
             nn.BatchNorm3d(64),
             nn.ReLU(inplace=True),
         )
-        in_planes = 64
-        stages = []
-        for index, (planes, count) in enumerate(zip((64, 128, 256, 512), counts)):
-            stride = 1 if index == 0 else 2
-            blocks = []
-            for block_index in range(count):
-                blocks.append(block(in_planes, planes, stride if block_index == 0 else 1))
-                in_planes = planes * block.expansion
-            stages.append(nn.Sequential(*blocks))
+        stages, in_planes = build_stages(block, counts)
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool3d(1)
         self.fc = nn.Linear(in_planes, num_classes)
