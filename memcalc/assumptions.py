@@ -39,6 +39,14 @@ def assumptions(spec: TrainingSpec, *, model_has_conv: bool, foreach: bool,
             "activations = tensors made in forward and loss that are still alive when backward "
             "starts; temporaries = everything else the step makes",
         ]
+    if spec.device is DeviceKind.CUDA and traced:
+        lines.append(
+            "CUDA reserved memory: the traced allocations and frees are replayed through a "
+            "model of PyTorch's caching allocator (512 B rounding; requests up to 1 MiB packed "
+            "in 2 MiB segments, 1-10 MiB in 20 MiB segments, larger rounded to 2 MiB; best fit "
+            "with splitting and merging; default settings, one stream); peak_bytes is that "
+            "reserved peak, reached without memory pressure: near capacity the allocator frees "
+            "cached blocks and retries, so a run may still fit in less")
     if spec.device is DeviceKind.CPU and model_has_conv:
         lines.append("CPU convolutions (oneDNN/mkldnn) allocate workspaces the trace does not "
                      "see; a real CPU run of a conv net peaks higher (see README)")
@@ -49,9 +57,10 @@ def unsupported(spec: TrainingSpec) -> list[str]:
     if spec.device is not DeviceKind.CUDA:
         return []
     return [
-        "CUDA caching-allocator rounding and fragmentation (reserved > allocated): not added; "
-        "peak_bytes is the allocated peak",
-        "CUDA context and cuBLAS/cuDNN workspaces: not added",
+        "CUDA context and cuBLAS/cuDNN workspaces: not added to peak_bytes (nvidia-smi shows "
+        "them on top)",
+        "allocator settings (max_split_size_mb, expandable_segments, roundup_power2_divisions) "
+        "and blocks held for other streams: not modelled",
         "kernel choice on CUDA (scaled-dot-product attention uses flash/memory-efficient "
         "kernels there): traced with the CPU kernels",
     ]

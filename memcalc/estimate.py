@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from memcalc.assumptions import assumptions, unsupported as unsupported_cuda_effects
+from memcalc.cuda_allocator import replay
 from memcalc.errors import InputError, TraceError
 from memcalc.layout import CONV_TYPES, resolve_layout
 from memcalc.model_source import resolve_model
@@ -81,6 +82,8 @@ def _traced_device_report(spec: TrainingSpec, trace: TraceResult) -> DeviceRepor
     per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
                         key=lambda item: (-item[1], item[0]))
     peak_record = ledger.peak_record()
+    reserved = (replay(ledger.events).peak_reserved_bytes
+                if spec.device is DeviceKind.CUDA else None)
     return DeviceReport(
         kind=spec.device.value,
         batch_size=spec.batch_size,
@@ -90,6 +93,7 @@ def _traced_device_report(spec: TrainingSpec, trace: TraceResult) -> DeviceRepor
                      for name, nbytes in per_module[:TOP_MODULES]],
         peak_phase=peak_record.phase.value if peak_record else None,
         peak_iteration=peak_record.iteration if peak_record else None,
+        peak_reserved_bytes=reserved,
     )
 
 

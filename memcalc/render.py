@@ -13,6 +13,7 @@ from memcalc.units import format_bytes, format_count
 def report_renderable(report: Report, show_layers: bool = False) -> Group:
     device, spec = report.device, report.spec
     label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
+    reserved = ", CUDA reserved" if device.peak_reserved_bytes is not None else ""
     when = (f" — reached in {device.peak_phase} of iteration {device.peak_iteration}"
             if device.peak_phase else "")
     head = (
@@ -20,7 +21,7 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
         f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
         f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}\n"
-        f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}, allocated peak "
+        f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}{reserved}; live tensors "
         f"{format_bytes(device.peak_allocated_bytes)}{when})"
     )
     parts = [Panel(head, title="memcalc estimate", expand=False), _breakdown_table(report)]
@@ -37,7 +38,7 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
 
 def _breakdown_table(report: Report) -> Table:
     breakdown = report.device.breakdown
-    table = Table(title="Device memory at the peak", title_justify="left")
+    table = Table(title="Live tensor bytes at the peak", title_justify="left")
     table.add_column("category")
     table.add_column("size", justify="right")
     table.add_column("bytes", justify="right")
@@ -45,8 +46,15 @@ def _breakdown_table(report: Report) -> Table:
     total = breakdown.total_bytes or 1
     for category, nbytes in breakdown.by_category().items():
         table.add_row(category.value, format_bytes(nbytes), f"{nbytes:,}", f"{100 * nbytes / total:.1f} %")
-    table.add_row("[bold]total[/]", f"[bold]{format_bytes(breakdown.total_bytes)}[/]",
+    table.add_row("[bold]total live[/]", f"[bold]{format_bytes(breakdown.total_bytes)}[/]",
                   f"{breakdown.total_bytes:,}", "100.0 %")
+    reserved = report.device.peak_reserved_bytes
+    if reserved is not None:
+        extra = reserved - breakdown.total_bytes
+        table.add_row("+ CUDA allocator reserve (rounding, cached blocks, fragmentation)",
+                      format_bytes(extra), f"{extra:,}", "")
+        table.add_row("[bold]predicted reserved peak[/]", f"[bold]{format_bytes(reserved)}[/]",
+                      f"{reserved:,}", "")
     return table
 
 

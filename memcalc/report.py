@@ -114,17 +114,22 @@ class DeviceReport(BaseModel):
     top_modules: list[ModuleActivation]
     peak_phase: str | None
     peak_iteration: int | None
+    peak_reserved_bytes: int | None = None
+    """Predicted ``torch.cuda.max_memory_reserved``: the traced allocation sequence replayed
+    through the caching-allocator model (CUDA traces only)."""
 
     @computed_field
     @property
     def peak_allocated_bytes(self) -> int:
-        """Live tensor bytes at the peak (``torch.cuda.max_memory_allocated`` on CUDA)."""
+        """Live tensor bytes at the peak (``torch.cuda.max_memory_allocated`` before rounding)."""
         return self.breakdown.total_bytes
 
     @computed_field
     @property
     def peak_bytes(self) -> int:
-        """The figure to compare with capacity."""
+        """The figure to compare with capacity: reserved on CUDA, live tensor bytes on CPU."""
+        if self.peak_reserved_bytes is not None:
+            return self.peak_reserved_bytes
         return self.peak_allocated_bytes
 
 

@@ -68,7 +68,9 @@ def test_json_report_has_the_documented_fields():
                   "top_modules"):
         assert field in device
     assert device["kind"] == "cuda" and device["batch_size"] == 4
-    assert sum(v for k, v in device["breakdown"].items() if k != "total_bytes") == device["peak_bytes"]
+    assert (sum(v for k, v in device["breakdown"].items() if k != "total_bytes")
+            == device["peak_allocated_bytes"])
+    assert device["peak_bytes"] == device["peak_reserved_bytes"] >= device["peak_allocated_bytes"]
     assert report["assumptions"] and isinstance(report["unsupported"], list)
 
 

@@ -69,8 +69,13 @@ def test_untraceable_model_falls_back_to_a_labelled_static_estimate():
     assert report.device.breakdown.input_batch == static.input_batch_bytes == 3 * 8 * 4
 
 
-def test_cuda_report_lists_what_it_does_not_model_yet():
+def test_cuda_report_predicts_reserved_and_lists_what_it_does_not_model():
     report = estimate(TrainingSpec(model="mlp", model_args=TINY_MLP, sample_shape=(256,)))
     assert report.device.kind == "cuda"
     assert any("foreach" in line for line in report.assumptions)
     assert any("CUDA context" in line for line in report.unsupported)
+    assert any("caching allocator" in line for line in report.assumptions)
+    assert report.device.peak_bytes == report.device.peak_reserved_bytes
+    cpu = estimate(TrainingSpec(model="mlp", model_args=TINY_MLP, sample_shape=(256,), device="cpu"))
+    assert cpu.device.peak_reserved_bytes is None
+    assert cpu.device.peak_bytes == cpu.device.peak_allocated_bytes
