@@ -1,6 +1,5 @@
 """User-style model factories for ``--model tests.models_for_tests:NAME`` tests."""
 
-import torch
 from torch import nn
 
 
