@@ -35,14 +35,13 @@ def estimate(spec: TrainingSpec) -> Report:
                          f"an integer dtype, got --input-dtype {dtype_name}; use int64")
     policy, rule = precision_policy(spec.precision), optimizer_rule(spec.optimizer)
     batch_shape = (spec.batch_size, *layout.traced_sample_shape)
-    batch_dtype = (policy.parameter_dtype if input_dtype.is_floating_point
-                   and policy.autocast_dtype is None else input_dtype)
+    batch_dtype = policy.batch_dtype(input_dtype)
     static = static_estimate(model, batch_shape, batch_dtype, policy, rule)
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     unsupported = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
     foreach = spec.device is DeviceKind.CUDA
-    setup = StepSetup(source.build_meta, batch_shape, input_dtype, spec.loss,
+    setup = StepSetup(source.build_meta, batch_shape, batch_dtype, spec.loss,
                       classes_last=not input_dtype.is_floating_point, optimizer=rule,
                       foreach=foreach, policy=policy)
     try:

@@ -80,8 +80,8 @@ def measure_spec_cpu_peak(spec: TrainingSpec, traced_batch_shape: tuple[int, ...
     batch = (torch.randint(0, 100, traced_batch_shape) if token_ids
              else torch.randn(traced_batch_shape))
     policy = precision_policy(spec.precision)
-    if policy.autocast_dtype is None and policy.parameter_dtype != torch.float32:
+    if policy.autocast_dtype is None:
         model = model.to(policy.parameter_dtype)
-        batch = batch if token_ids else batch.to(policy.parameter_dtype)
+    batch = batch.to(policy.batch_dtype(batch.dtype))
     return measure_cpu_peak_bytes(model, batch, spec.loss, optimizer_rule(spec.optimizer),
                                   classes_last=token_ids, autocast_dtype=policy.autocast_dtype)

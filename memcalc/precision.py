@@ -17,6 +17,12 @@ class PrecisionPolicy:
     autocast_dtype: torch.dtype | None
     assumption: str
 
+    def batch_dtype(self, input_dtype: torch.dtype) -> torch.dtype:
+        """dtype of the batch on the device: pure half precision casts a float batch to it."""
+        if input_dtype.is_floating_point and self.autocast_dtype is None:
+            return self.parameter_dtype
+        return input_dtype
+
 
 POLICIES: dict[Precision, PrecisionPolicy] = {
     Precision.FP32: PrecisionPolicy(

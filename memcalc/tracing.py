@@ -38,7 +38,7 @@ class StepSetup:
 
     build_meta_model: Callable[[], nn.Module]
     batch_shape: tuple[int, ...]
-    input_dtype: torch.dtype
+    batch_dtype: torch.dtype
     loss: LossKind
     classes_last: bool
     optimizer: OptimizerRule
@@ -93,10 +93,7 @@ def _trace(setup: StepSetup) -> TraceResult:
     model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
-    batch_dtype = setup.input_dtype
-    if batch_dtype.is_floating_point and setup.policy.autocast_dtype is None:
-        batch_dtype = setup.policy.parameter_dtype
-    batch = torch.empty(setup.batch_shape, dtype=batch_dtype)
+    batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
     _label(watcher, [batch], MemoryCategory.INPUT)
     handles = _track_modules(model, cursor)
     try:
