@@ -9,8 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from memcalc.errors import (InputError, LayoutError, MemcalcError, MemoryBudgetError,
-                            ModelSourceError, TraceError)
+from memcalc.errors import (
+    InputError,
+    LayoutError,
+    MemcalcError,
+    MemoryBudgetError,
+    ModelSourceError,
+    TraceError,
+)
 from memcalc.estimate import estimate as estimate_spec
 from memcalc.report import Report
 from memcalc.specs import TrainingSpec

@@ -49,6 +49,7 @@ class StorageWatcher(TorchDispatchMode):
         self._on_new, self._on_free = on_new, on_free
         self._known: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: list[weakref.ref] = []
+        self.op_names: set[str] = set()
 
     def watch(self, tensor: torch.Tensor) -> object | None:
         """Start tracking ``tensor``'s storage if new; return its token (None if empty)."""
@@ -66,6 +67,7 @@ class StorageWatcher(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         outputs = func(*args, **(kwargs or {}))
+        self.op_names.add(func.overloadpacket.__name__)
         for value in tree_flatten(outputs)[0]:
             if isinstance(value, torch.Tensor):
                 self.watch(value)

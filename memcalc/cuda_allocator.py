@@ -132,9 +132,14 @@ class CachingAllocatorModel:
         del pool[index]
 
 
-def replay(events: Iterable[MemoryEvent]) -> AllocatorReplay:
-    """Run a ledger's allocation/free sequence through the allocator model."""
+def replay(events: Iterable[MemoryEvent], resident_bytes: Iterable[int] = ()) -> AllocatorReplay:
+    """Run a ledger's allocation/free sequence through the allocator model.
+
+    ``resident_bytes`` are allocated first and never freed (library workspaces).
+    """
     allocator, blocks = CachingAllocatorModel(), {}
+    for nbytes in resident_bytes:
+        allocator.malloc(nbytes)
     for event in events:
         if event.delta_bytes > 0:
             blocks[event.record_id] = allocator.malloc(event.delta_bytes)

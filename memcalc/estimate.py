@@ -1,27 +1,108 @@
-"""The pipeline: spec → model → layout → static count → traced step → report."""
+"""The pipeline: spec → model → layout → static count → traced steps → plan → report."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+
 import torch
 
-from memcalc.assumptions import assumptions, unsupported as unsupported_cuda_effects
-from memcalc.cuda_allocator import replay
+from memcalc.assumptions import assumptions
+from memcalc.assumptions import unsupported as unsupported_cuda_effects
+from memcalc.device_estimate import static_device_report, traced_device_report
 from memcalc.errors import InputError, TraceError
-from memcalc.layout import CONV_TYPES, resolve_layout
-from memcalc.model_source import resolve_model
+from memcalc.gpus import GpuSpec, find_gpu
+from memcalc.layout import CONV_TYPES, LayoutDecision, resolve_layout
+from memcalc.model_source import ModelSource, resolve_model
 from memcalc.optimizers import optimizer_rule
+from memcalc.planner import plan_batch
 from memcalc.precision import precision_policy
-from memcalc.report import (Breakdown, DeviceReport, InputSummary, ModelSummary,
-                            ModuleActivation, Report, StaticEstimate)
-from memcalc.specs import INPUT_DTYPES, DeviceKind, TrainingSpec
-from memcalc.static import element_size, layer_table, static_estimate
-from memcalc.tracing import StepSetup, TraceResult, trace_training_step
+from memcalc.report import (
+    DeviceReport,
+    InputSummary,
+    ModelSummary,
+    Report,
+    StaticEstimate,
+)
+from memcalc.specs import INPUT_DTYPES, DeviceKind, OptimizerImpl, TrainingSpec
+from memcalc.static import layer_table, static_estimate
+from memcalc.tracing import StepSetup, trace_training_step
 
-TOP_MODULES = 10
+
+@dataclass
+class _Prepared:
+    """Everything about the step that does not depend on the batch size."""
+
+    spec: TrainingSpec
+    gpu: GpuSpec | None
+    source: ModelSource
+    model: torch.nn.Module
+    layout: LayoutDecision
+    input_dtype: torch.dtype
+    setup: StepSetup
+    has_conv: bool
+    leaf_output_elements: int | None
+    reports: dict[int, DeviceReport] = field(default_factory=dict)
+    output_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    trace_error: str | None = None
+
+    def static_at(self, batch_size: int) -> StaticEstimate:
+        setup = self.setup
+        return static_estimate(self.model, (batch_size, *self.layout.traced_sample_shape),
+                               setup.batch_dtype, setup.policy, setup.optimizer)
+
+    def device_report(self, batch_size: int) -> DeviceReport:
+        """Traced once per batch size; static for every batch once a trace has failed."""
+        if batch_size not in self.reports:
+            self.reports[batch_size] = self._report(batch_size)
+        return self.reports[batch_size]
+
+    def _report(self, batch_size: int) -> DeviceReport:
+        if self.trace_error is None:
+            setup = replace(self.setup, batch_shape=(batch_size, *self.layout.traced_sample_shape))
+            try:
+                trace = trace_training_step(setup)
+                self.output_shapes[batch_size] = trace.output_shape
+                return traced_device_report(self.spec, batch_size, trace, self.gpu)
+            except TraceError as error:
+                self.trace_error = str(error)
+        return static_device_report(self.spec, batch_size, self.static_at(1),
+                                    self.leaf_output_elements, self.setup.policy.parameter_dtype,
+                                    self.has_conv)
 
 
 def estimate(spec: TrainingSpec) -> Report:
-    """Estimate the memory of one training step described by ``spec``."""
+    """Estimate the memory of one training step described by ``spec``; plan the batch size
+    when a GPU or a memory size is given."""
+    prepared, layers, table_error = _prepare(spec)
+    capacity = spec.gpu_memory_bytes or (prepared.gpu.memory_bytes if prepared.gpu else None)
+    headroom = int(capacity * spec.headroom_fraction) if capacity else 0
+    plan = (plan_batch(lambda b: prepared.device_report(b).total_bytes, capacity - headroom)
+            if capacity else None)
+    batch_size = spec.batch_size or (plan.max_batch_size if plan and plan.max_batch_size else 1)
+    device = prepared.device_report(batch_size).model_copy(
+        update=dict(capacity_bytes=capacity, headroom_bytes=headroom, plan=plan))
+    unsupported = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
+    if prepared.trace_error:
+        unsupported.append(f"traced step: {prepared.trace_error}; the device figure is a STATIC "
+                           "estimate (model states, input, layer outputs once), not a trace")
+    layout, setup = prepared.layout, prepared.setup
+    return Report(
+        spec=spec, gpu=prepared.gpu, model=_model_summary(spec, prepared.model, layers),
+        input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
+                           traced_batch_shape=(batch_size, *layout.traced_sample_shape),
+                           dtype=str(setup.batch_dtype).removeprefix("torch."),
+                           output_shape=prepared.output_shapes.get(batch_size)),
+        static=prepared.static_at(batch_size), device=device,
+        assumptions=assumptions(spec, prepared.gpu, model_has_conv=prepared.has_conv,
+                                foreach=setup.foreach, traced=device.method == "traced"),
+        unsupported=unsupported + unsupported_cuda_effects(spec),
+    )
+
+
+def _prepare(spec: TrainingSpec) -> tuple[_Prepared, list, str | None]:
+    gpu = find_gpu(spec.gpu) if spec.gpu else None
+    if (gpu or spec.gpu_memory_bytes) and spec.device is not DeviceKind.CUDA:
+        raise InputError("--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda")
     source = resolve_model(spec.model, spec.model_args)
     model = source.build_meta()
     sample_shape = spec.sample_shape or source.default_shape
@@ -33,36 +114,26 @@ def estimate(spec: TrainingSpec) -> Report:
     if layout.layout == "token-ids" and input_dtype.is_floating_point:
         raise InputError(f"the first layer of {spec.model!r} is an embedding: token ids need "
                          f"an integer dtype, got --input-dtype {dtype_name}; use int64")
-    policy, rule = precision_policy(spec.precision), optimizer_rule(spec.optimizer)
-    batch_shape = (spec.batch_size, *layout.traced_sample_shape)
-    batch_dtype = policy.batch_dtype(input_dtype)
-    static = static_estimate(model, batch_shape, batch_dtype, policy, rule)
+    policy = precision_policy(spec.precision)
+    setup = StepSetup(source.build_meta, (1, *layout.traced_sample_shape),
+                      policy.batch_dtype(input_dtype), spec.loss,
+                      classes_last=not input_dtype.is_floating_point,
+                      optimizer=optimizer_rule(spec.optimizer), foreach=_foreach(spec),
+                      policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
+                      keep_zeroed_grads=not spec.zero_grad_to_none)
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
-    unsupported = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
-    foreach = spec.device is DeviceKind.CUDA
-    setup = StepSetup(source.build_meta, batch_shape, batch_dtype, spec.loss,
-                      classes_last=not input_dtype.is_floating_point, optimizer=rule,
-                      foreach=foreach, policy=policy)
-    try:
-        trace = trace_training_step(setup)
-        device, output_shape = _traced_device_report(spec, trace), trace.output_shape
-    except TraceError as error:
-        device = _static_device_report(spec, static, leaf_output_elements, policy.parameter_dtype)
-        unsupported.append(f"traced step: {error}; the device figure is a STATIC estimate "
-                           "(model states, input, layer outputs once), not a trace")
-        output_shape = None
-    return Report(
-        spec=spec, model=_model_summary(spec, model, layers),
-        input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
-                           traced_batch_shape=batch_shape,
-                           dtype=str(batch_dtype).removeprefix("torch."),
-                           output_shape=output_shape),
-        static=static, device=device,
-        assumptions=assumptions(spec, model_has_conv=_has_conv(model), foreach=foreach,
-                                traced=device.method == "traced"),
-        unsupported=unsupported + unsupported_cuda_effects(spec),
-    )
+    has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
+    prepared = _Prepared(spec, gpu, source, model, layout, input_dtype, setup, has_conv,
+                         leaf_output_elements)
+    return prepared, layers, table_error
+
+
+def _foreach(spec: TrainingSpec) -> bool:
+    """torch.optim's default is foreach on CUDA, for-loop on CPU; fused is traced as for-loop."""
+    if spec.optimizer_impl is OptimizerImpl.DEFAULT:
+        return spec.device is DeviceKind.CUDA
+    return spec.optimizer_impl is OptimizerImpl.FOREACH
 
 
 def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelSummary:
@@ -74,47 +145,3 @@ def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelS
         buffer_element_count=sum(b.numel() for b in model.buffers()),
         layers=layers,
     )
-
-
-def _traced_device_report(spec: TrainingSpec, trace: TraceResult) -> DeviceReport:
-    ledger = trace.ledger
-    per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
-                        key=lambda item: (-item[1], item[0]))
-    peak_record = ledger.peak_record()
-    reserved = (replay(ledger.events).peak_reserved_bytes
-                if spec.device is DeviceKind.CUDA else None)
-    return DeviceReport(
-        kind=spec.device.value,
-        batch_size=spec.batch_size,
-        method="traced",
-        breakdown=Breakdown.from_categories(ledger.bytes_by_category_at_peak()),
-        top_modules=[ModuleActivation(module=name, activation_bytes=nbytes)
-                     for name, nbytes in per_module[:TOP_MODULES]],
-        peak_phase=peak_record.phase.value if peak_record else None,
-        peak_iteration=peak_record.iteration if peak_record else None,
-        peak_reserved_bytes=reserved,
-    )
-
-
-def _static_device_report(spec: TrainingSpec, static: StaticEstimate,
-                          leaf_output_elements: int | None, dtype: torch.dtype) -> DeviceReport:
-    """Model states + input + every leaf layer's output once (a lower bound on activations)."""
-    activations = (leaf_output_elements or 0) * spec.batch_size * element_size(dtype)
-    return DeviceReport(
-        kind=spec.device.value,
-        batch_size=spec.batch_size,
-        method="static",
-        breakdown=Breakdown(
-            parameters=static.parameter_bytes, buffers=static.buffer_bytes,
-            input_batch=static.input_batch_bytes, gradients=static.gradient_bytes,
-            optimizer_state=static.optimizer_state_bytes + static.optimizer_step_counter_bytes,
-            activations=activations, temporaries=0,
-        ),
-        top_modules=[],
-        peak_phase=None,
-        peak_iteration=None,
-    )
-
-
-def _has_conv(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, CONV_TYPES) for m in model.modules())

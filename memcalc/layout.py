@@ -9,7 +9,6 @@ from torch import nn
 from memcalc.errors import LayoutError
 from memcalc.specs import Layout
 
-
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d,
               nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 

@@ -13,7 +13,8 @@ from memcalc.units import format_bytes, format_count
 def report_renderable(report: Report, show_layers: bool = False) -> Group:
     device, spec = report.device, report.spec
     label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
-    reserved = ", CUDA reserved" if device.peak_reserved_bytes is not None else ""
+    reserved = (", CUDA reserved + context, what nvidia-smi shows"
+                if device.peak_reserved_bytes is not None else "")
     when = (f" — reached in {device.peak_phase} of iteration {device.peak_iteration}"
             if device.peak_phase else "")
     head = (
@@ -25,6 +26,8 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
         f"{format_bytes(device.peak_allocated_bytes)}{when})"
     )
     parts = [Panel(head, title="memcalc estimate", expand=False), _breakdown_table(report)]
+    if device.plan is not None:
+        parts.append(_plan_panel(report))
     if device.top_modules:
         parts.append(_top_modules_table(report))
     parts.append(_static_table(report))
@@ -53,9 +56,38 @@ def _breakdown_table(report: Report) -> Table:
         extra = reserved - breakdown.total_bytes
         table.add_row("+ CUDA allocator reserve (rounding, cached blocks, fragmentation)",
                       format_bytes(extra), f"{extra:,}", "")
-        table.add_row("[bold]predicted reserved peak[/]", f"[bold]{format_bytes(reserved)}[/]",
+        table.add_row("predicted reserved peak (max_memory_reserved)", format_bytes(reserved),
                       f"{reserved:,}", "")
+    if report.device.kind == "cuda":
+        context = report.device.context_bytes
+        table.add_row("+ CUDA context and loaded kernels (outside the allocator)",
+                      format_bytes(context), f"{context:,}", "")
+        total = report.device.total_bytes
+        table.add_row("[bold]predicted total (nvidia-smi)[/]", f"[bold]{format_bytes(total)}[/]",
+                      f"{total:,}", "")
     return table
+
+
+def _plan_panel(report: Report) -> Panel:
+    device, plan = report.device, report.device.plan
+    lines = [
+        f"capacity {format_bytes(device.capacity_bytes)} - headroom "
+        f"{format_bytes(device.headroom_bytes)} = usable {format_bytes(plan.usable_bytes)}",
+        f"linear model: {format_bytes(plan.model_bytes)} + {format_bytes(plan.per_sample_bytes)} "
+        f"per sample (line through traced batches {plan.fit_batches[0]} and {plan.fit_batches[1]})",
+    ]
+    if plan.max_batch_size == 0:
+        lines.append(f"[bold red]batch 1 does not fit[/]: it needs "
+                     f"{format_bytes(plan.points[0].total_bytes)}; lower the input size or use "
+                     "bf16-mixed precision, activation checkpointing or FSDP / model parallelism")
+    else:
+        state = "confirmed" if plan.confirmed else "NOT confirmed"
+        lines.append(f"[bold]largest batch that fits: {plan.max_batch_size}[/] ({state} by "
+                     "tracing it and the next one up)")
+    traced = ", ".join(f"{point.batch_size}: {format_bytes(point.total_bytes)} "
+                       f"{'fits' if point.fits else 'over'}" for point in plan.points)
+    lines.append(f"traced batches: {traced}")
+    return Panel("\n".join(lines), title="Batch plan", title_align="left")
 
 
 def _top_modules_table(report: Report) -> Table:

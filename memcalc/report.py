@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from memcalc.categories import MemoryCategory
+from memcalc.gpus import GpuSpec
+from memcalc.planner import BatchPlan
 from memcalc.specs import TrainingSpec
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -103,7 +105,13 @@ class StaticEstimate(BaseModel):
 
 
 class DeviceReport(BaseModel):
-    """Memory of one training step on the target device."""
+    """Memory of one training step on the target device.
+
+    On CUDA: ``peak_reserved_bytes`` is the predicted ``torch.cuda.max_memory_reserved``
+    (traced allocations and the cuBLAS workspaces replayed through the caching-allocator
+    model); ``context_bytes`` is the CUDA context and loaded kernels outside the allocator;
+    ``total_bytes`` = the two together, what nvidia-smi shows at the peak.
+    """
 
     model_config = _FROZEN
 
@@ -115,22 +123,58 @@ class DeviceReport(BaseModel):
     peak_phase: str | None
     peak_iteration: int | None
     peak_reserved_bytes: int | None = None
-    """Predicted ``torch.cuda.max_memory_reserved``: the traced allocation sequence replayed
-    through the caching-allocator model (CUDA traces only)."""
+    workspace_bytes: int = 0
+    """cuBLAS workspaces, allocated through the caching allocator (inside reserved)."""
+    context_bytes: int = 0
+    """CUDA context and loaded kernels (outside the allocator; 0 on CPU)."""
+    capacity_bytes: int | None = None
+    """Device memory planned for (``--gpu`` or ``--gpu-memory``); None when not given."""
+    headroom_bytes: int = 0
+    plan: BatchPlan | None = None
 
     @computed_field
     @property
     def peak_allocated_bytes(self) -> int:
-        """Live tensor bytes at the peak (``torch.cuda.max_memory_allocated`` before rounding)."""
-        return self.breakdown.total_bytes
+        """Live tensor bytes at the peak plus workspaces (``max_memory_allocated`` before rounding)."""
+        return self.breakdown.total_bytes + self.workspace_bytes
+
+    @computed_field
+    @property
+    def total_bytes(self) -> int:
+        """On CUDA, reserved + context (nvidia-smi at the peak); on CPU, live tensor bytes."""
+        if self.peak_reserved_bytes is not None:
+            return self.peak_reserved_bytes + self.context_bytes
+        return self.peak_allocated_bytes + self.context_bytes
 
     @computed_field
     @property
     def peak_bytes(self) -> int:
-        """The figure to compare with capacity: reserved on CUDA, live tensor bytes on CPU."""
-        if self.peak_reserved_bytes is not None:
-            return self.peak_reserved_bytes
-        return self.peak_allocated_bytes
+        """The figure to compare with capacity (same as ``total_bytes``)."""
+        return self.total_bytes
+
+    @computed_field
+    @property
+    def fits(self) -> bool | None:
+        """Whether ``total_bytes`` fits capacity minus headroom; None without a capacity."""
+        if self.capacity_bytes is None:
+            return None
+        return self.total_bytes <= self.capacity_bytes - self.headroom_bytes
+
+    @computed_field
+    @property
+    def max_batch_size(self) -> int | None:
+        return self.plan.max_batch_size if self.plan else None
+
+    @computed_field
+    @property
+    def model_bytes(self) -> int | None:
+        """Intercept of the fitted ``total(b) = model_bytes + b * per_sample_bytes``."""
+        return self.plan.model_bytes if self.plan else None
+
+    @computed_field
+    @property
+    def per_sample_bytes(self) -> int | None:
+        return self.plan.per_sample_bytes if self.plan else None
 
 
 class Report(BaseModel):
@@ -139,6 +183,7 @@ class Report(BaseModel):
     model_config = _FROZEN
 
     spec: TrainingSpec
+    gpu: GpuSpec | None
     model: ModelSummary
     input: InputSummary
     static: StaticEstimate

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from memcalc.cuda_overheads import ModuleLoading
 from memcalc.optimizers import optimizer_names
 
 INPUT_DTYPES: dict[str, torch.dtype] = {
@@ -46,6 +47,15 @@ class DeviceKind(str, Enum):
     CPU = "cpu"
 
 
+class OptimizerImpl(str, Enum):
+    """Which torch.optim implementation runs ``step()``."""
+
+    DEFAULT = "default"
+    FOREACH = "foreach"
+    FOR_LOOP = "for-loop"
+    FUSED = "fused"
+
+
 class Layout(str, Enum):
     """Where the channel axis sits in the per-sample shape."""
 
@@ -73,11 +83,22 @@ class TrainingSpec(BaseModel):
     sample_shape: tuple[int, ...] | None = None
     layout: Layout = Layout.AUTO
     input_dtype: str | None = None
-    batch_size: int = Field(default=1, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)
+    """None: the planned largest batch when a GPU or memory is given, else 1."""
     loss: LossKind = LossKind.CROSS_ENTROPY
     optimizer: str = "adam"
+    optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
+    zero_grad_to_none: bool = True
+    """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
     precision: Precision = Precision.FP32
     device: DeviceKind = DeviceKind.CUDA
+    gpu: str | None = None
+    """Catalog name (``memcalc gpus``); sets capacity, workspace size and kernel support."""
+    gpu_memory_bytes: int | None = Field(default=None, gt=0)
+    """Capacity to plan for; overrides the catalog's memory."""
+    headroom_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Share of capacity kept free for what is not modelled (cuDNN workspaces, other processes)."""
+    cuda_module_loading: ModuleLoading = ModuleLoading.LAZY
 
     @field_validator("sample_shape")
     @classmethod
@@ -103,6 +124,10 @@ class TrainingSpec(BaseModel):
         if name not in optimizer_names():
             raise ValueError(f"unknown optimizer {name!r}; accepted: {', '.join(optimizer_names())}")
         return name
+
+    @property
+    def effective_batch_size(self) -> int:
+        return self.batch_size or 1
 
     def with_changes(self, **changes: Any) -> TrainingSpec:
         """A copy with some fields replaced, validated again."""

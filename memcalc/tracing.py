@@ -17,15 +17,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from memcalc._torch_internals import FAKE_TENSOR_FAILURES, StorageWatcher, fake_cpu_mode, materialize_fake
+from memcalc._torch_internals import (
+    FAKE_TENSOR_FAILURES,
+    StorageWatcher,
+    fake_cpu_mode,
+    materialize_fake,
+)
 from memcalc.categories import MemoryCategory
+from memcalc.cuda_kernels import CudaKernelMode
 from memcalc.errors import MemcalcError, TraceError
 from memcalc.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.losses import compute_loss, make_target, primary_output
 from memcalc.optimizers import OptimizerRule
 from memcalc.precision import PrecisionPolicy
 from memcalc.specs import LossKind
-
 
 # Module paths given to storages made outside any submodule.
 ROOT_MODULE_LABEL = "(model)"
@@ -44,6 +49,10 @@ class StepSetup:
     optimizer: OptimizerRule
     foreach: bool
     policy: PrecisionPolicy
+    cuda_kernels: bool = False
+    """Apply ``memcalc.cuda_kernels`` substitutions (the target is a CUDA GPU)."""
+    keep_zeroed_grads: bool = False
+    """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
     iterations: int = 2
 
 
@@ -51,6 +60,8 @@ class StepSetup:
 class TraceResult:
     ledger: MemoryLedger
     output_shape: tuple[int, ...]
+    op_names: frozenset[str]
+    """ATen op names the step ran (``mm``, ``convolution``...)."""
 
 
 class _Cursor:
@@ -96,14 +107,15 @@ def _trace(setup: StepSetup) -> TraceResult:
     batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
     _label(watcher, [batch], MemoryCategory.INPUT)
     handles = _track_modules(model, cursor)
+    kernels = CudaKernelMode() if setup.cuda_kernels else contextlib.nullcontext()
     try:
-        with watcher:
+        with watcher, kernels:
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
             output_shape = _iterations(setup, model, batch, optimizer, watcher, cursor, ledger)
     finally:
         for handle in handles:
             handle.remove()
-    return TraceResult(ledger, output_shape)
+    return TraceResult(ledger, output_shape, frozenset(watcher.op_names))
 
 
 def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger) -> tuple[int, ...]:
@@ -142,7 +154,7 @@ def _one_step(setup, model, batch, optimizer, watcher, cursor, ledger, target) -
     _label(watcher, (value for state in optimizer.state.values() for value in state.values()
                      if isinstance(value, torch.Tensor)), MemoryCategory.OPTIMIZER_STATE)
     cursor.phase = Phase.ZERO_GRAD
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=not setup.keep_zeroed_grads)
     return tuple(output.shape)
 
 

@@ -23,3 +23,30 @@ def format_count(count: int) -> str:
         if abs(count) >= divisor:
             return f"{count / divisor:.2f} {suffix}"
     return str(count)
+
+
+_SIZE_FACTORS = {
+    "": 1, "b": 1,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size written by a person: ``24GiB`` (binary, 2**30) or ``24GB`` (decimal, 10**9).
+
+    A bare number is bytes. ``24G`` is refused because it is read both ways in practice.
+    """
+    cleaned = str(text).strip().replace(" ", "").replace("_", "")
+    number = cleaned.rstrip("KMGTPiBkmgtpib")
+    unit = cleaned[len(number):].lower()
+    if unit not in _SIZE_FACTORS:
+        raise ValueError(f"size {text!r} has unit {unit!r}; use a number with B, KiB, MiB, GiB, "
+                         "TiB (binary) or KB, MB, GB, TB (decimal), e.g. 24GiB")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"size {text!r} does not start with a number; e.g. 24GiB or 80GB") from None
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return int(value * _SIZE_FACTORS[unit])

@@ -69,8 +69,10 @@ def test_json_report_has_the_documented_fields():
         assert field in device
     assert device["kind"] == "cuda" and device["batch_size"] == 4
     assert (sum(v for k, v in device["breakdown"].items() if k != "total_bytes")
-            == device["peak_allocated_bytes"])
-    assert device["peak_bytes"] == device["peak_reserved_bytes"] >= device["peak_allocated_bytes"]
+            + device["workspace_bytes"] == device["peak_allocated_bytes"])
+    assert device["peak_reserved_bytes"] >= device["peak_allocated_bytes"]
+    assert (device["peak_bytes"] == device["total_bytes"]
+            == device["peak_reserved_bytes"] + device["context_bytes"])
     assert report["assumptions"] and isinstance(report["unsupported"], list)
 
 

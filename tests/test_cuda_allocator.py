@@ -2,7 +2,12 @@
 
 import pytest
 
-from memcalc.cuda_allocator import CachingAllocatorModel, replay, round_size, segment_size
+from memcalc.cuda_allocator import (
+    CachingAllocatorModel,
+    replay,
+    round_size,
+    segment_size,
+)
 from memcalc.ledger import MemoryEvent
 
 KiB, MiB = 1024, 1024 * 1024

@@ -1,0 +1,59 @@
+"""Kernels whose memory on CUDA differs from the CPU kernel the trace runs, as substitutions.
+
+Each entry maps a public torch function to a pure rewrite of its call that, on CPU, keeps
+the same tensors alive that the CUDA kernel would. The mode applies them during a trace
+made for a CUDA target. Adding a kernel is one ``@cuda_substitute`` function.
+
+Known limitations: the CUDA autocast op lists are not applied (the trace autocasts with the
+CPU lists); kernels picked by ``torch.backends.cudnn.benchmark`` are not modelled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+_SUBSTITUTES: dict[Callable, Callable] = {}
+_ORIGINAL_SDPA = F.scaled_dot_product_attention
+
+
+def cuda_substitute(torch_function: Callable):
+    """Register ``rewrite(*args, **kwargs)`` to run instead of ``torch_function`` for CUDA."""
+
+    def register(rewrite: Callable) -> Callable:
+        if torch_function in _SUBSTITUTES:
+            raise ValueError(f"a CUDA substitute for {torch_function.__name__} is registered already")
+        _SUBSTITUTES[torch_function] = rewrite
+        return rewrite
+
+    return register
+
+
+@cuda_substitute(F.scaled_dot_product_attention)
+def _sdpa_without_stored_dropout(query, key, value, attn_mask=None, dropout_p=0.0,
+                                 is_causal=False, scale=None, **kwargs):
+    """On CUDA, SDPA with dropout runs the flash or memory-efficient kernel, which saves the
+    output and one log-sum-exp per row and regenerates the dropout mask from its RNG seed
+    (pytorch ``sdp_utils.cpp``: both support dropout; memory-efficient needs sm50+). On CPU,
+    dropout sends SDPA to the math kernel, which saves the S x S probabilities and the mask.
+    Dropping ``dropout_p`` keeps the CPU on its flash kernel, whose saved tensors match."""
+    return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
+                          is_causal=is_causal, scale=scale, **kwargs)
+
+
+class CudaKernelMode(TorchFunctionMode):
+    """Apply every registered substitution to calls made while the mode is active."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        rewrite = _SUBSTITUTES.get(func)
+        # The mode is not active inside its own handler, so these calls are not re-intercepted.
+        if rewrite is not None:
+            return rewrite(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def substituted_functions() -> list[str]:
+    return sorted(function.__name__ for function in _SUBSTITUTES)

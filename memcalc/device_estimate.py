@@ -1,0 +1,76 @@
+"""One device report at one batch size: from a trace (plus CUDA effects) or, failing that, static."""
+
+from __future__ import annotations
+
+import torch
+
+from memcalc.cuda_allocator import replay
+from memcalc.cuda_overheads import context_bytes, workspace_allocations
+from memcalc.gpus import GpuSpec
+from memcalc.report import Breakdown, DeviceReport, ModuleActivation, StaticEstimate
+from memcalc.specs import DeviceKind, TrainingSpec
+from memcalc.static import element_size
+from memcalc.tracing import TraceResult
+
+TOP_MODULES = 10
+
+# ATen ops that run on cuBLAS on CUDA (linear layers, attention's math path, bmm).
+CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation"})
+# Convolution ops as the CPU trace names them; on CUDA each runs through cuDNN.
+CONV_OPS = frozenset({"convolution", "_convolution", "mkldnn_convolution", "convolution_backward",
+                      "_slow_conv2d_forward", "slow_conv3d_forward", "cudnn_convolution"})
+
+
+def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult,
+                         gpu: GpuSpec | None) -> DeviceReport:
+    """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context."""
+    ledger = trace.ledger
+    per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
+                        key=lambda item: (-item[1], item[0]))
+    peak_record = ledger.peak_record()
+    cuda_fields = {}
+    if spec.device is DeviceKind.CUDA:
+        workspaces = workspace_allocations(gpu, uses_matmul=bool(trace.op_names & CUBLAS_OPS))
+        cuda_fields = dict(
+            peak_reserved_bytes=replay(ledger.events, resident_bytes=workspaces).peak_reserved_bytes,
+            workspace_bytes=sum(workspaces),
+            context_bytes=context_bytes(spec.cuda_module_loading,
+                                        uses_conv=bool(trace.op_names & CONV_OPS)),
+        )
+    return DeviceReport(
+        kind=spec.device.value,
+        batch_size=batch_size,
+        method="traced",
+        breakdown=Breakdown.from_categories(ledger.bytes_by_category_at_peak()),
+        top_modules=[ModuleActivation(module=name, activation_bytes=nbytes)
+                     for name, nbytes in per_module[:TOP_MODULES]],
+        peak_phase=peak_record.phase.value if peak_record else None,
+        peak_iteration=peak_record.iteration if peak_record else None,
+        **cuda_fields,
+    )
+
+
+def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEstimate,
+                         leaf_output_elements: int | None, dtype: torch.dtype,
+                         uses_conv: bool) -> DeviceReport:
+    """Model states + input + every leaf layer's output once (a lower bound on activations).
+
+    ``static`` is counted at batch 1; the input and activations scale with ``batch_size``.
+    """
+    activations = (leaf_output_elements or 0) * batch_size * element_size(dtype)
+    on_cuda = spec.device is DeviceKind.CUDA
+    return DeviceReport(
+        kind=spec.device.value,
+        batch_size=batch_size,
+        method="static",
+        breakdown=Breakdown(
+            parameters=static.parameter_bytes, buffers=static.buffer_bytes,
+            input_batch=static.input_batch_bytes * batch_size, gradients=static.gradient_bytes,
+            optimizer_state=static.optimizer_state_bytes + static.optimizer_step_counter_bytes,
+            activations=activations, temporaries=0,
+        ),
+        top_modules=[],
+        peak_phase=None,
+        peak_iteration=None,
+        context_bytes=context_bytes(spec.cuda_module_loading, uses_conv) if on_cuda else 0,
+    )
