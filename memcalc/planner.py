@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pydantic import BaseModel, ConfigDict
 
 FIT_BATCHES = (1, 8)
-MAX_TRACES = 16
+MAX_TRACES = 20
+GROWTH = 8   # batch multiplier while the totals are still flat (no ceiling found yet)
 MAX_BATCH = 1 << 24
 
 
@@ -91,7 +92,7 @@ def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
         slope = ((totals[fitting] - totals[previous]) / (fitting - previous)
                  if previous != fitting else 0.0)
         if bisect or slope <= 0:
-            return min(fitting * 2, MAX_BATCH)
+            return min(fitting * GROWTH, MAX_BATCH)
         guess = fitting + int((usable_bytes - totals[fitting]) // slope)
         return max(fitting + 1, min(guess, MAX_BATCH))
     if bisect:

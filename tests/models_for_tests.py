@@ -41,3 +41,23 @@ class _Frozen(nn.Module):
 
 def frozen_backbone():
     return _Frozen()
+
+
+class _AttentionWithDropout(nn.Module):
+    """One self-attention call with dropout, through F.scaled_dot_product_attention."""
+
+    def __init__(self, dim=64, heads=4):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x):
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, dim // self.heads).unbind(2)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        return out.transpose(1, 2).reshape(batch, seq, dim)
+
+
+def attention_with_dropout():
+    return _AttentionWithDropout()

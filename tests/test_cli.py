@@ -45,6 +45,16 @@ BAD_INVOCATIONS = {
     "batch size zero": (["--model", "mlp", "--batch-size", "0"], r"0 is not in the range x>=1"),
     "malformed model arg": (["--model", "mlp", "--model-arg", "depth"],
                             r"model argument must look like key=value"),
+    "unknown gpu": (["--model", "mlp", "--gpu", "a100"],
+                    r"unknown GPU 'a100'; did you mean A100-40GB, A100-80GB"),
+    "ambiguous memory unit": (["--model", "mlp", "--gpu-memory", "24G"],
+                              r"size '24G' has unit 'g'; use .*GiB.*GB"),
+    "headroom of all memory": (["--model", "mlp", "--gpu", "T4", "--headroom", "100%"],
+                               r"headroom must be at least 0 and below 100%"),
+    "plot without a capacity": (["--model", "mlp", "--plot", "x.png"],
+                                r"--plot needs a capacity to plan against"),
+    "gpu with a cpu device": (["--model", "mlp", "--gpu", "T4", "--device", "cpu"],
+                              r"--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda"),
 }
 
 
@@ -83,6 +93,27 @@ def test_seed_case_is_read_as_channels_last_and_rendered_in_iec_units():
     assert "channels-last" in result.output
     assert "(1, 3, 834, 224, 834)" in result.output
     assert "GiB" in result.output and "Assumptions" in result.output
+
+
+def test_gpus_lists_the_catalog_as_json():
+    result = CliRunner().invoke(main, ["gpus", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    by_name = {row["name"]: row for row in rows}
+    assert by_name["H100-80GB"]["memory_bytes"] == 81559 * 2**20
+    assert by_name["T4"]["compute_capability"] == "7.5"
+
+
+def test_plan_is_reported_and_the_report_is_made_at_the_planned_batch():
+    args = ["estimate", *TINY_MLP, "--gpu-memory", "1GiB", "--headroom", "0", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    device = json.loads(result.stdout)["device"]
+    best = device["max_batch_size"]
+    assert device["batch_size"] == best > 8 and device["capacity_bytes"] == 2**30
+    points = {point["batch_size"]: point for point in device["plan"]["points"]}
+    assert points[best]["fits"] and not points[best + 1]["fits"]
+    assert points[best]["total_bytes"] == device["total_bytes"] <= 2**30 < points[best + 1]["total_bytes"]
 
 
 def test_models_lists_every_zoo_entry():

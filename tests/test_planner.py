@@ -1,0 +1,49 @@
+import pytest
+
+from memcalc.planner import plan_batch
+
+USABLE = 80 * 2**30
+
+
+def _largest_fitting(total_at, usable, limit=100_000):
+    fitting = [batch for batch in range(1, limit) if total_at(batch) <= usable]
+    return max(fitting) if fitting else 0
+
+
+@pytest.mark.parametrize("total_at", [
+    lambda b: 2 * 2**30 + b * 300 * 2**20,                       # straight line
+    lambda b: 2**30 + b * 2**28 + (b // 7) * 20 * 2**20,         # allocator steps
+    lambda b: 2**30 + b * b * 2**24,                             # curved
+    lambda b: 70 * 2**30 + b * 3 * 2**30,                        # only a few samples fit
+], ids=["linear", "stepped", "curved", "few"])
+def test_planned_batch_is_the_largest_that_fits_and_is_confirmed(total_at):
+    traced = []
+
+    def traced_total(batch):
+        traced.append(batch)
+        return total_at(batch)
+
+    plan = plan_batch(traced_total, USABLE)
+    assert plan.max_batch_size == _largest_fitting(total_at, USABLE)
+    assert plan.confirmed
+    traced_batches = {point.batch_size for point in plan.points}
+    assert {plan.max_batch_size, plan.max_batch_size + 1} <= traced_batches
+    assert len(traced) == len(set(traced)) <= 18   # each batch traced once, few traces
+    for point in plan.points:
+        assert point.fits is (point.total_bytes <= USABLE)
+
+
+def test_the_line_goes_through_its_two_traced_batches():
+    plan = plan_batch(lambda b: 5 * 2**30 + b * 2**29 + (b % 3) * 2**20, USABLE)
+    totals = {point.batch_size: point.total_bytes for point in plan.points}
+    low, high = plan.fit_batches
+    assert low == 1 and high == plan.max_batch_size
+    for batch in (low, high):
+        assert abs(plan.model_bytes + batch * plan.per_sample_bytes - totals[batch]) <= high
+
+
+def test_batch_one_over_capacity_plans_zero():
+    plan = plan_batch(lambda b: 100 * 2**30 * b, USABLE)
+    assert plan.max_batch_size == 0 and plan.confirmed
+    assert [point.batch_size for point in plan.points] == [1, 8]
+    assert plan.per_sample_bytes == 100 * 2**30 and plan.model_bytes == 0
