@@ -4,14 +4,16 @@ Each entry maps a public torch function to a pure rewrite of its call that, on C
 the same tensors alive that the CUDA kernel would. The mode applies them during a trace
 made for a CUDA target. Adding a kernel is one ``@cuda_substitute`` function.
 
-Known limitations: the CUDA autocast op lists are not applied (the trace autocasts with the
-CPU lists); kernels picked by ``torch.backends.cudnn.benchmark`` are not modelled.
+Known limitations: of CUDA autocast's float32 list only the normalisations and softmaxes are
+applied (``CUDA_AUTOCAST_FP32``); kernels picked by ``torch.backends.cudnn.benchmark`` are
+not modelled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
@@ -41,6 +43,28 @@ def _sdpa_without_stored_dropout(query, key, value, attn_mask=None, dropout_p=0.
     Dropping ``dropout_p`` keeps the CPU on its flash kernel, whose saved tensors match."""
     return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
                           is_causal=is_causal, scale=scale, **kwargs)
+
+
+def _in_float32_under_autocast(function: Callable) -> Callable:
+    """CUDA autocast runs these ops in float32 (``autocast_mode.cpp``: layer_norm, group_norm
+    in the fp32 list, softmax and log_softmax in fp32_set_opt_dtype); CPU autocast keeps them
+    in the lower precision, so their saved outputs would be half the CUDA size."""
+
+    def rewrite(tensor, *args, **kwargs):
+        if torch.is_autocast_enabled("cpu") and tensor.dtype in (torch.float16, torch.bfloat16):
+            tensor = tensor.float()
+        return function(tensor, *args, **kwargs)
+
+    return rewrite
+
+
+CUDA_AUTOCAST_FP32 = [
+    torch.softmax, F.softmax, torch.Tensor.softmax,
+    torch.log_softmax, F.log_softmax, torch.Tensor.log_softmax,
+    F.layer_norm, torch.layer_norm, F.group_norm, torch.group_norm,
+]
+for _function in CUDA_AUTOCAST_FP32:
+    cuda_substitute(_function)(_in_float32_under_autocast(_function))
 
 
 class CudaKernelMode(TorchFunctionMode):

@@ -22,7 +22,7 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
         f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
         f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}\n"
-        f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}{reserved}; live tensors "
+        f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}{reserved}; allocated "
         f"{format_bytes(device.peak_allocated_bytes)}{when})"
     )
     parts = [Panel(head, title="memcalc estimate", expand=False), _breakdown_table(report)]

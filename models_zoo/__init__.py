@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from models_zoo.bert import bert_large
 from models_zoo.gpt2 import gpt2
 from models_zoo.llama import llama_7b
 from models_zoo.mlp import mlp
@@ -40,6 +41,8 @@ ZOO: dict[str, ZooEntry] = {
                  "3D U-Net, 4 levels from 32 channels, segmentation of (C, D, H, W)"),
         ZooEntry("resnet50", resnet50, (3, 224, 224), "float32", "ResNet-50, images (C, H, W)"),
         ZooEntry("vit_b16", vit_b16, (3, 224, 224), "float32", "ViT-B/16, images (C, H, W)"),
+        ZooEntry("bert_large", bert_large, (512,), "int64",
+                 "BERT-large uncased, sequence classification, eager attention; token ids (S,)"),
         ZooEntry("gpt2", gpt2, (1024,), "int64", "GPT-2 small (124M), token ids (S,)"),
         ZooEntry("llama_7b", llama_7b, (2048,), "int64",
                  "LLaMA-style 7B decoder (RMSNorm, RoPE, SwiGLU), token ids (S,)"),

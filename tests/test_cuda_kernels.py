@@ -1,6 +1,8 @@
 import pytest
+import torch
+import torch.nn.functional as F
 
-from memcalc.cuda_kernels import cuda_substitute, substituted_functions
+from memcalc.cuda_kernels import CudaKernelMode, cuda_substitute, substituted_functions
 from memcalc.estimate import estimate
 from memcalc.specs import TrainingSpec
 
@@ -22,8 +24,20 @@ def test_sdpa_with_dropout_keeps_no_attention_matrix_on_cuda():
 
 
 def test_double_registration_is_an_error():
-    import torch.nn.functional as F
-
     assert "scaled_dot_product_attention" in substituted_functions()
     with pytest.raises(ValueError, match="registered already"):
         cuda_substitute(F.scaled_dot_product_attention)(lambda *a, **k: None)
+
+
+@pytest.mark.parametrize("call", [
+    lambda y: torch.softmax(y, -1), lambda y: y.log_softmax(-1),
+    lambda y: F.layer_norm(y, (8,)), lambda y: torch.nn.GroupNorm(2, 4)(y.view(2, 4, 2)),
+], ids=["softmax", "log_softmax", "layer_norm", "group_norm"])
+def test_cuda_autocast_runs_normalisations_in_float32(call):
+    x, weight = torch.randn(2, 8), torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert call(x @ weight).dtype == torch.float16          # CPU autocast policy
+        with CudaKernelMode():
+            assert call(x @ weight).dtype == torch.float32      # CUDA autocast policy
+    with CudaKernelMode():
+        assert call(x.half() @ weight.half()).dtype == torch.float16   # no autocast: untouched
