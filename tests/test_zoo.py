@@ -14,6 +14,8 @@ PUBLISHED_PARAMETER_COUNTS = {
     "vit_b16": 86_567_656,    # torchvision ViT_B_16_Weights.IMAGENET1K_V1
     "gpt2": 124_439_808,      # Hugging Face gpt2 (GPT2LMHeadModel, tied head)
     "llama_7b": 6_738_415_616,  # Llama-2-7b
+    # Hugging Face bert-large-uncased BertModel (335,141,888) + a 1024 x 2 classifier
+    "bert_large": 335_141_888 + 1024 * 2 + 2,
 }
 
 
