@@ -13,6 +13,7 @@ from memcalc.cuda_overheads import ModuleLoading
 from memcalc.errors import InputError, MemcalcError
 from memcalc.gpus import gpu_catalog
 from memcalc.optimizers import optimizer_names
+from memcalc.plot import NEEDS_CAPACITY, plot_batch_plan
 from memcalc.specs import (
     INPUT_DTYPES,
     DeviceKind,
@@ -160,11 +161,9 @@ def estimate(ctx, model_name, model_args, shape, layout, input_dtype, batch_size
                             device=device, gpu=gpu, gpu_memory_bytes=gpu_memory,
                             headroom_fraction=headroom, cuda_module_loading=cuda_module_loading)
         if plot_path and gpu is None and gpu_memory is None:
-            raise InputError("--plot needs a capacity to plan against: add --gpu NAME or "
-                             "--gpu-memory SIZE")
+            raise InputError(NEEDS_CAPACITY)   # before the traces, not after
         report = run_estimate(spec)
         if plot_path:
-            from memcalc.plot import plot_batch_plan
             plot_batch_plan(report, plot_path)
         if as_json:
             click.echo(report.model_dump_json(indent=2))
@@ -180,35 +179,40 @@ def estimate(ctx, model_name, model_args, shape, layout, input_dtype, batch_size
 @click.option("--json", "as_json", is_flag=True, help="Print the catalog as JSON.")
 def gpus(as_json: bool) -> None:
     """List the GPU catalog: memory, compute capability, peak rates, bandwidth."""
-    rows = gpu_catalog()
-    if as_json:
-        click.echo("[" + ",\n".join(row.model_dump_json() for row in rows) + "]")
-        return
-    table = Table(title="memcalc GPU catalog (dense peak TFLOP/s)")
-    for column in ("name", "memory", "cc", "fp32", "tf32", "bf16", "fp16", "GB/s"):
-        table.add_column(column, justify="left" if column == "name" else "right")
-    for row in rows:
+    def cells(row) -> list[str]:
         rates = [row.fp32_tflops, row.tf32_tflops, row.bf16_tflops, row.fp16_tflops]
-        table.add_row(row.name, format_bytes(row.memory_bytes), row.compute_capability,
-                      *("-" if rate is None else f"{rate:g}" for rate in rates),
-                      f"{row.memory_bandwidth_gbps:g}")
-    Console().print(table)
+        return [row.name, format_bytes(row.memory_bytes), row.compute_capability,
+                *("-" if rate is None else f"{rate:g}" for rate in rates),
+                f"{row.memory_bandwidth_gbps:g}"]
+
+    _print_rows(gpu_catalog(), as_json, "memcalc GPU catalog (dense peak TFLOP/s)",
+                ("name", "memory", "cc", "fp32", "tf32", "bf16", "fp16", "GB/s"), cells,
+                right_aligned=True)
 
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the zoo as JSON.")
 def models(as_json: bool) -> None:
     """List the model zoo with parameter counts and default sample shapes."""
-    rows = zoo_rows()
+    def cells(row) -> list[str]:
+        return [row.name, format_count(row.parameter_count), ",".join(map(str, row.default_shape)),
+                row.input_dtype, row.description]
+
+    _print_rows(zoo_rows(), as_json, "memcalc model zoo",
+                ("name", "parameters", "default shape", "input dtype", "description"), cells)
+
+
+def _print_rows(rows, as_json: bool, title: str, columns: tuple[str, ...], cells,
+                right_aligned: bool = False) -> None:
+    """A catalog command's output: a JSON list of the rows, or a table of ``cells(row)``."""
     if as_json:
         click.echo("[" + ",\n".join(row.model_dump_json() for row in rows) + "]")
         return
-    table = Table(title="memcalc model zoo")
-    for column in ("name", "parameters", "default shape", "input dtype", "description"):
-        table.add_column(column)
+    table = Table(title=title)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="right" if right_aligned and index else "left")
     for row in rows:
-        table.add_row(row.name, format_count(row.parameter_count),
-                      ",".join(map(str, row.default_shape)), row.input_dtype, row.description)
+        table.add_row(*cells(row))
     Console().print(table)
 
 

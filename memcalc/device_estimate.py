@@ -55,7 +55,7 @@ def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEsti
                          uses_conv: bool) -> DeviceReport:
     """Model states + input + every leaf layer's output once (a lower bound on activations).
 
-    ``static`` is counted at batch 1; the input and activations scale with ``batch_size``.
+    ``static`` is counted at ``batch_size``; the leaf outputs are per sample.
     """
     activations = (leaf_output_elements or 0) * batch_size * element_size(dtype)
     on_cuda = spec.device is DeviceKind.CUDA
@@ -65,7 +65,7 @@ def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEsti
         method="static",
         breakdown=Breakdown(
             parameters=static.parameter_bytes, buffers=static.buffer_bytes,
-            input_batch=static.input_batch_bytes * batch_size, gradients=static.gradient_bytes,
+            input_batch=static.input_batch_bytes, gradients=static.gradient_bytes,
             optimizer_state=static.optimizer_state_bytes + static.optimizer_step_counter_bytes,
             activations=activations, temporaries=0,
         ),

@@ -12,7 +12,7 @@ from memcalc.device_estimate import static_device_report, traced_device_report
 from memcalc.errors import InputError, TraceError
 from memcalc.gpus import GpuSpec, find_gpu
 from memcalc.layout import CONV_TYPES, LayoutDecision, resolve_layout
-from memcalc.model_source import ModelSource, resolve_model
+from memcalc.model_source import resolve_model
 from memcalc.optimizers import optimizer_rule
 from memcalc.planner import plan_batch
 from memcalc.precision import precision_policy
@@ -34,10 +34,8 @@ class _Prepared:
 
     spec: TrainingSpec
     gpu: GpuSpec | None
-    source: ModelSource
     model: torch.nn.Module
     layout: LayoutDecision
-    input_dtype: torch.dtype
     setup: StepSetup
     has_conv: bool
     leaf_output_elements: int | None
@@ -65,7 +63,7 @@ class _Prepared:
                 return traced_device_report(self.spec, batch_size, trace, self.gpu)
             except TraceError as error:
                 self.trace_error = str(error)
-        return static_device_report(self.spec, batch_size, self.static_at(1),
+        return static_device_report(self.spec, batch_size, self.static_at(batch_size),
                                     self.leaf_output_elements, self.setup.policy.parameter_dtype,
                                     self.has_conv)
 
@@ -124,7 +122,7 @@ def _prepare(spec: TrainingSpec) -> tuple[_Prepared, list, str | None]:
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
-    prepared = _Prepared(spec, gpu, source, model, layout, input_dtype, setup, has_conv,
+    prepared = _Prepared(spec, gpu, model, layout, setup, has_conv,
                          leaf_output_elements)
     return prepared, layers, table_error
 

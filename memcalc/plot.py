@@ -8,13 +8,14 @@ from memcalc.errors import InputError
 from memcalc.report import Report
 
 GIB = 1 << 30
+NEEDS_CAPACITY = "--plot needs a capacity to plan against: add --gpu NAME or --gpu-memory SIZE"
 
 
 def plot_batch_plan(report: Report, path: str | Path) -> Path:
     """Write the batch plan of ``report`` as a PNG; needs a plan (``--gpu``/``--gpu-memory``)."""
     plan = report.device.plan
     if plan is None:
-        raise InputError("--plot needs a capacity to plan against: add --gpu NAME or --gpu-memory SIZE")
+        raise InputError(NEEDS_CAPACITY)
     import matplotlib
 
     matplotlib.use("Agg")

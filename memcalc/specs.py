@@ -125,10 +125,6 @@ class TrainingSpec(BaseModel):
             raise ValueError(f"unknown optimizer {name!r}; accepted: {', '.join(optimizer_names())}")
         return name
 
-    @property
-    def effective_batch_size(self) -> int:
-        return self.batch_size or 1
-
     def with_changes(self, **changes: Any) -> TrainingSpec:
         """A copy with some fields replaced, validated again."""
         return TrainingSpec.model_validate({**self.model_dump(), **changes})

@@ -1,6 +1,12 @@
 from memcalc.cuda_allocator import replay
-from memcalc.cuda_overheads import (CONTEXT_TABLE, CUDNN_KERNELS_BYTES, ModuleLoading,
-                                    context_bytes, cublas_workspace_bytes, workspace_allocations)
+from memcalc.cuda_overheads import (
+    CONTEXT_TABLE,
+    CUDNN_KERNELS_BYTES,
+    ModuleLoading,
+    context_bytes,
+    cublas_workspace_bytes,
+    workspace_allocations,
+)
 from memcalc.gpus import find_gpu
 
 MIB = 2**20
