@@ -70,7 +70,7 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def main() -> None:
     torch.set_num_threads(1)
-    speed = markdown_table(["case", "predicted peak (CUDA reserved)", "wall s (whole CLI run)", "max RSS"],
+    speed = markdown_table(["case", "predicted nvidia-smi total (reserved + context)", "wall s (whole CLI run)", "max RSS"],
                            speed_rows())
     header = ["case", "real CPU peak (B)", "memcalc --device cpu (B)", "error"]
     linear = markdown_table(header, accuracy_rows(CPU_TRUTH_CASES))

@@ -95,7 +95,7 @@ def unsupported(spec: TrainingSpec) -> list[str]:
     return [
         "allocator settings (max_split_size_mb, expandable_segments, roundup_power2_divisions) "
         "and blocks held for other streams: not modelled",
-        "CUDA autocast op lists: the trace autocasts with the CPU lists, which differ for a few "
-        "ops",
+        "CUDA autocast's float32 list beyond softmax, log_softmax, layer_norm and group_norm "
+        "(exp, pow, losses...): those ops keep the CPU autocast dtype",
         "NCCL buffers and DDP gradient buckets: one GPU is assumed",
     ]
