@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import difflib
-import importlib
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +11,7 @@ import torch
 from torch import nn
 
 from memcalc.errors import ModelSourceError
+from memcalc.references import import_callable
 from models_zoo import ZOO
 
 
@@ -48,7 +46,7 @@ def resolve_model(name: str, kwargs: dict[str, Any] | None = None) -> ModelSourc
     """A zoo name (``resnet3d``) or ``package.module:callable``."""
     kwargs = dict(kwargs or {})
     if ":" in name:
-        return ModelSource(name, _import_callable(name), kwargs, None, None)
+        return ModelSource(name, import_callable(name, "model", ModelSourceError), kwargs, None, None)
     if name not in ZOO:
         close = difflib.get_close_matches(name, list(ZOO), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -58,28 +56,3 @@ def resolve_model(name: str, kwargs: dict[str, Any] | None = None) -> ModelSourc
         )
     entry = ZOO[name]
     return ModelSource(name, entry.build, kwargs, entry.default_shape, entry.input_dtype)
-
-
-def _import_callable(reference: str) -> Callable[..., nn.Module]:
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise ModelSourceError(
-            f"model reference {reference!r} must look like package.module:callable"
-        )
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the user's project is importable
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ModelSourceError(
-            f"cannot import {module_name!r} for model {reference!r}: {error}; "
-            "run from the directory that holds it or install it"
-        ) from error
-    target: Any = module
-    for part in attribute.split("."):
-        if not hasattr(target, part):
-            raise ModelSourceError(f"{module_name!r} has no attribute {attribute!r}")
-        target = getattr(target, part)
-    if not callable(target):
-        raise ModelSourceError(f"{reference!r} is a {type(target).__name__}, not a callable")
-    return target
