@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
-from memcalc.estimate import estimate
+from memcalc.pipeline import estimate
 from memcalc.measure_cpu import measure_spec_cpu_peak
 from memcalc.specs import TrainingSpec
 from memcalc.units import format_bytes

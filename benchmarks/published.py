@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.published_cases import PUBLISHED_CASES, PublishedCase
-from memcalc.estimate import estimate
+from memcalc.pipeline import estimate
 
 RESULTS = Path(__file__).with_name("results-published.md")
 MIB = 2**20

@@ -3,35 +3,31 @@
     >>> import memcalc
     >>> report = memcalc.estimate("resnet3d", (834, 224, 834, 3), batch_size=2)
     >>> report.device.peak_bytes
+
+Names are imported on first use, so ``python -m memcalc.host.probe`` (which runs inside the
+user's data-loading process) pays for torch only.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from memcalc.errors import (
-    InputError,
-    LayoutError,
-    MemcalcError,
-    MemoryBudgetError,
-    ModelSourceError,
-    TraceError,
-)
-from memcalc.estimate import estimate as estimate_spec
-from memcalc.report import Report
-from memcalc.specs import TrainingSpec
+_EXPORTS = {
+    "estimate": "memcalc.api", "estimate_spec": "memcalc.pipeline",
+    "TrainingSpec": "memcalc.specs", "Report": "memcalc.report",
+    "MemcalcError": "memcalc.errors", "InputError": "memcalc.errors",
+    "LayoutError": "memcalc.errors", "ModelSourceError": "memcalc.errors",
+    "TraceError": "memcalc.errors", "MemoryBudgetError": "memcalc.errors",
+}
+_RENAMED = {"estimate_spec": "estimate"}
 
-__all__ = ["estimate", "estimate_spec", "TrainingSpec", "Report", "MemcalcError", "InputError",
-           "LayoutError", "ModelSourceError", "TraceError", "MemoryBudgetError"]
+__all__ = sorted(_EXPORTS)
 
 
-def estimate(model: str, sample_shape: tuple[int, ...] | None = None, *, batch_size: int = 1,
-             **options: Any) -> Report:
-    """Estimate one training step of ``model`` (zoo name or ``package.module:callable``).
-
-    ``options`` are the other ``TrainingSpec`` fields: ``optimizer``, ``precision``,
-    ``loss``, ``device``, ``input_dtype``, ``layout``, ``model_args``.
-    """
-    spec = TrainingSpec(model=model, sample_shape=tuple(sample_shape) if sample_shape else None,
-                        batch_size=batch_size, **options)
-    return estimate_spec(spec)
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'memcalc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), _RENAMED.get(name, name))
+    globals()[name] = value
+    return value

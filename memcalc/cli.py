@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 import click
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from memcalc.cuda_overheads import ModuleLoading
 from memcalc.errors import InputError, MemcalcError
 from memcalc.gpus import gpu_catalog
+from memcalc.host.machine import machine_from_options
+from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
 from memcalc.optimizers import optimizer_names
 from memcalc.plot import NEEDS_CAPACITY, plot_batch_plan
 from memcalc.specs import (
@@ -106,6 +110,78 @@ def _choice(enum_type) -> click.Choice:
     return click.Choice([member.value for member in enum_type], case_sensitive=False)
 
 
+_DTYPE_NAMES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "uint8",
+                "int8", "bool"]
+
+_HOST_OPTIONS = [
+    click.option("--sample-dtype", type=click.Choice(_DTYPE_NAMES),
+                 help="dtype of one loaded sample [default: the input dtype, else float32]."),
+    click.option("--raw-dtype", type=click.Choice(_DTYPE_NAMES),
+                 help="dtype a sample is decoded to before conversion (e.g. uint8 images)."),
+    click.option("--transform-copies", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="Full-size intermediate copies a transform makes per sample."),
+    click.option("--num-workers", type=click.IntRange(min=0),
+                 help="DataLoader workers to report [default: the recommended count]."),
+    click.option("--prefetch-factor", type=click.IntRange(min=1), default=2, show_default=True),
+    click.option("--pin-memory/--no-pin-memory", default=False, show_default=True),
+    click.option("--persistent-workers", is_flag=True),
+    click.option("--start-method", type=_choice(StartMethod), default="fork", show_default=True),
+    click.option("--dataset", help="package.module:callable returning your Dataset: measure a "
+                                   "real worker (PSS) instead of the shape arithmetic."),
+    click.option("--input-key", help="Field of a tuple/dict sample that is the model input."),
+    click.option("--dataset-ram", type=SizeType(), help="RAM of an in-memory dataset object."),
+    click.option("--python-objects", is_flag=True,
+                 help="The dataset is Python objects (lists, dicts): forked workers copy it."),
+    click.option("--probe-seconds", type=click.FloatRange(min=1), default=60, show_default=True,
+                 help="Time budget of the measured worker run."),
+    click.option("--host-headroom", type=FractionType(), default="5%", show_default=True,
+                 help="Share of the RAM limit kept free."),
+    click.option("--cpus", type=click.IntRange(min=1), help="CPUs of the job [default: detected]."),
+    click.option("--ram", type=SizeType(), help="RAM of the node, e.g. 188GB [default: detected]."),
+    click.option("--mem-per-cpu", type=SizeType(), help="SLURM --mem-per-cpu (needs --cpus)."),
+    click.option("--shm", type=SizeType(), help="/dev/shm size [default: detected; unchecked "
+                                                "when --ram is given]."),
+]
+
+
+def _host_options(command):
+    for option in reversed(_HOST_OPTIONS):
+        command = option(command)
+    return command
+
+
+def _loader_and_machine(options: dict) -> tuple[LoaderSpec, MachineSpec]:
+    """Split the host options into the loader and the machine specs."""
+    machine = machine_from_options(options.pop("cpus"), options.pop("ram"),
+                                   options.pop("mem_per_cpu"), options.pop("shm"))
+    loader = LoaderSpec(
+        num_workers=options.pop("num_workers"), prefetch_factor=options.pop("prefetch_factor"),
+        pin_memory=options.pop("pin_memory"), persistent_workers=options.pop("persistent_workers"),
+        start_method=options.pop("start_method"), sample_dtype=options.pop("sample_dtype"),
+        raw_dtype=options.pop("raw_dtype"), transform_copies=options.pop("transform_copies"),
+        dataset_bytes=options.pop("dataset_ram") or 0,
+        dataset_python_objects=options.pop("python_objects"), dataset=options.pop("dataset"),
+        input_key=options.pop("input_key"), probe_seconds=options.pop("probe_seconds"),
+        headroom_fraction=options.pop("host_headroom"))
+    return loader, machine
+
+
+@contextmanager
+def _worker_progress(enabled: bool):
+    """A spinner on stderr while a real worker is measured; yields the progress callback."""
+    if not enabled:
+        yield None
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("measuring a real DataLoader worker")
+
+        def update(batches: int, worker_bytes: int) -> None:
+            progress.update(task, description=f"measuring a real DataLoader worker: batch "
+                                              f"{batches}, worker {format_bytes(worker_bytes)}")
+        yield update
+
+
 @click.group()
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
@@ -145,24 +221,29 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Write a PNG of predicted memory against batch size (needs a capacity).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
+@_host_options
 @click.pass_context
 def estimate(ctx, model_name, model_args, shape, layout, input_dtype, batch_size, loss,
              optimizer, optimizer_impl, zero_grad, precision, device, gpu, gpu_memory, headroom,
-             cuda_module_loading, plot_path, as_json, show_layers) -> None:
-    """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest batch."""
-    from memcalc.estimate import estimate as run_estimate
+             cuda_module_loading, plot_path, as_json, show_layers, **host_options) -> None:
+    """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest
+    batch; host RAM and the DataLoader workers that fit."""
+    from memcalc.pipeline import estimate as run_estimate
     from memcalc.render import print_report
 
     def work():
+        loader, machine = _loader_and_machine(host_options)
         spec = TrainingSpec(model=model_name, model_args=dict(model_args), sample_shape=shape,
                             layout=layout, input_dtype=input_dtype, batch_size=batch_size,
                             loss=loss, optimizer=optimizer, optimizer_impl=optimizer_impl,
                             zero_grad_to_none=zero_grad == "none", precision=precision,
                             device=device, gpu=gpu, gpu_memory_bytes=gpu_memory,
-                            headroom_fraction=headroom, cuda_module_loading=cuda_module_loading)
+                            headroom_fraction=headroom, cuda_module_loading=cuda_module_loading,
+                            loader=loader, machine=machine)
         if plot_path and gpu is None and gpu_memory is None:
             raise InputError(NEEDS_CAPACITY)   # before the traces, not after
-        report = run_estimate(spec)
+        with _worker_progress(loader.dataset is not None and not as_json) as progress:
+            report = run_estimate(spec, progress)
         if plot_path:
             plot_batch_plan(report, plot_path)
         if as_json:
@@ -171,6 +252,34 @@ def estimate(ctx, model_name, model_args, shape, layout, input_dtype, batch_size
             print_report(report, Console(), show_layers)
             if plot_path:
                 click.echo(f"plot written to {plot_path}")
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@click.option("--shape", type=ShapeType(), help="Per-sample shape as the Dataset yields it.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--device", type=_choice(DeviceKind), default="cuda", show_default=True,
+              help="Where training runs (cuda adds the CUDA host context and pinning).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@_host_options
+@click.pass_context
+def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
+    """Host RAM of the training process and the DataLoader workers that fit (no model)."""
+    from memcalc.host import HostSpec, host_estimate, measured_host_estimate
+    from memcalc.render_host import host_renderable
+
+    def work():
+        loader, machine = _loader_and_machine(host_options)
+        spec = HostSpec(sample_shape=shape, batch_size=batch_size, loader=loader,
+                        machine=machine, cuda=device == DeviceKind.CUDA.value)
+        with _worker_progress(loader.dataset is not None and not as_json) as progress:
+            report = (measured_host_estimate(spec, progress=progress) if loader.dataset
+                      else host_estimate(spec))
+        if as_json:
+            click.echo(report.model_dump_json(indent=2))
+        else:
+            Console().print(host_renderable(report))
 
     _run_guarded(ctx, work)
 
@@ -232,5 +341,6 @@ def _one_line(error: Exception) -> str:
     if isinstance(error, ValidationError):
         first = error.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
-        return f"{field}: {first['msg'].removeprefix('Value error, ')}"
+        message = first["msg"].removeprefix("Value error, ")
+        return f"{field}: {message}" if field else message
     return str(error).splitlines()[0]

@@ -6,6 +6,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
+from memcalc.render_host import bullets, host_renderable
 from memcalc.report import Report
 from memcalc.units import format_bytes, format_count
 
@@ -33,9 +34,11 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
     parts.append(_static_table(report))
     if show_layers and report.model.layers:
         parts.append(_layers_table(report))
-    parts.append(_bullets("Assumptions", report.assumptions))
+    parts.append(bullets("Assumptions", report.assumptions))
     if report.unsupported:
-        parts.append(_bullets("Not modelled", report.unsupported))
+        parts.append(bullets("Not modelled", report.unsupported))
+    if report.host is not None:
+        parts.append(host_renderable(report.host))
     return Group(*parts)
 
 
@@ -123,10 +126,6 @@ def _layers_table(report: Report) -> Table:
         table.add_row("  " * (row.depth - 1) + row.name, row.kind,
                       str(row.output_shape or "-"), f"{row.parameter_count:,}")
     return table
-
-
-def _bullets(title: str, lines: list[str]) -> Panel:
-    return Panel("\n".join(f"• {line}" for line in lines), title=title, title_align="left")
 
 
 def print_report(report: Report, console: Console | None = None, show_layers: bool = False) -> None:

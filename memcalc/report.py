@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, computed_field
 
 from memcalc.categories import MemoryCategory
 from memcalc.gpus import GpuSpec
+from memcalc.host.report import HostReport
 from memcalc.planner import BatchPlan
 from memcalc.specs import TrainingSpec
 
@@ -190,3 +191,5 @@ class Report(BaseModel):
     device: DeviceReport
     assumptions: list[str]
     unsupported: list[str]
+    host: HostReport | None = None
+    """Host RAM of the training process and the DataLoader worker counts that fit."""

@@ -6,9 +6,10 @@ from enum import Enum
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from memcalc.cuda_overheads import ModuleLoading
+from memcalc.host.specs import LoaderSpec, MachineSpec
 from memcalc.optimizers import optimizer_names
 
 INPUT_DTYPES: dict[str, torch.dtype] = {
@@ -99,6 +100,10 @@ class TrainingSpec(BaseModel):
     headroom_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Share of capacity kept free for what is not modelled (cuDNN workspaces, other processes)."""
     cuda_module_loading: ModuleLoading = ModuleLoading.LAZY
+    loader: LoaderSpec = Field(default_factory=LoaderSpec)
+    """The DataLoader and Dataset, for the host-RAM estimate."""
+    machine: MachineSpec | None = None
+    """The node that runs the job; None: this machine, detected."""
 
     @field_validator("sample_shape")
     @classmethod
@@ -124,6 +129,14 @@ class TrainingSpec(BaseModel):
         if name not in optimizer_names():
             raise ValueError(f"unknown optimizer {name!r}; accepted: {', '.join(optimizer_names())}")
         return name
+
+    @model_validator(mode="after")
+    def _workers_within_cpus(self) -> TrainingSpec:
+        workers = self.loader.num_workers
+        if self.machine is not None and workers is not None and workers > self.machine.cpus:
+            raise ValueError(f"--num-workers {workers} is more than the {self.machine.cpus} CPUs "
+                             "of the machine; use at most that many, or give --cpus")
+        return self
 
     def with_changes(self, **changes: Any) -> TrainingSpec:
         """A copy with some fields replaced, validated again."""

@@ -55,14 +55,31 @@ BAD_INVOCATIONS = {
                                 r"--plot needs a capacity to plan against"),
     "gpu with a cpu device": (["--model", "mlp", "--gpu", "T4", "--device", "cpu"],
                               r"--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda"),
+    "more workers than CPUs": (["--model", "mlp", "--num-workers", "9", "--cpus", "8",
+                                "--ram", "16GB"], r"--num-workers 9 is more than the 8 CPUs"),
+}
+
+HOST_BAD_INVOCATIONS = {
+    "no shape and no dataset": ([], r"needs --shape, or --dataset to measure"),
+    "negative RAM": (["--shape", "8", "--ram", "-4GB"], r"size '-4GB' must be positive"),
+    "mem-per-cpu without cpus": (["--shape", "8", "--mem-per-cpu", "4GB"],
+                                 r"--mem-per-cpu needs --cpus"),
+    "more workers than CPUs": (["--shape", "8", "--cpus", "4", "--ram", "8GB",
+                                "--num-workers", "5"], r"--num-workers 5 is more than the 4 CPUs"),
+    "zero CPUs": (["--shape", "8", "--cpus", "0"], r"'--cpus': 0 is not in the range x>=1"),
+    "unimportable dataset": (["--dataset", "no_such_pkg.data:build"],
+                             r"cannot import 'no_such_pkg.data' for dataset"),
+    "dataset that raises": (["--dataset", "tests.host_datasets:broken"],
+                            r"KeyError: 'no file for item \d+'"),
 }
 
 
-@pytest.mark.parametrize("case", list(BAD_INVOCATIONS))
-def test_bad_input_is_one_line_and_nonzero(case):
-    args, message = BAD_INVOCATIONS[case]
-    result = CliRunner().invoke(main, ["estimate", *args])
-    assert result.exit_code == 2
+@pytest.mark.parametrize("command,case", [("estimate", case) for case in BAD_INVOCATIONS]
+                         + [("host", case) for case in HOST_BAD_INVOCATIONS])
+def test_bad_input_is_one_line_and_nonzero(command, case):
+    args, message = (BAD_INVOCATIONS if command == "estimate" else HOST_BAD_INVOCATIONS)[case]
+    result = CliRunner().invoke(main, [command, *args])
+    assert result.exit_code == (1 if case == "dataset that raises" else 2)
     assert "Traceback" not in result.output
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert len(error_lines) == 1
@@ -129,3 +146,30 @@ def test_console_entry_point_exits_nonzero_without_traceback():
     assert completed.returncode == 2
     assert "Traceback" not in completed.stderr
     assert completed.stderr.strip().startswith("Error: unknown model 'nosuch'")
+
+
+def test_host_reports_the_seed_arithmetic_as_json():
+    result = CliRunner().invoke(main, ["host", "--shape", "834,224,834,3", "--batch-size", "2",
+                                       "--cpus", "64", "--ram", "188GB", "--json"])
+    assert result.exit_code == 0, result.output
+    host = json.loads(result.stdout)
+    for field in ("per_worker_bytes", "main_process_bytes", "peak_bytes", "max_num_workers",
+                  "recommended_num_workers", "measured", "spec", "sbatch", "assumptions"):
+        assert field in host
+    assert host["measured"] is False and host["spec"]["machine"]["cpus"] == 64
+    main_terms = {t["name"]: t["total_bytes"] for t in host["main_terms"]}
+    at_epoch_start = (sum(main_terms.values()) - main_terms["batch being trained on"]
+                      + host["num_workers"] * host["per_worker_bytes"])
+    assert host["peak_bytes"] == host["epoch_start_bytes"] == at_epoch_start
+
+
+def test_estimate_with_a_dataset_reads_the_shape_from_its_first_item():
+    args = ["estimate", "--model", "mlp", "--model-arg", "in_features=64", "--device", "cpu",
+            "--dataset", "tests.host_datasets:python_objects", "--probe-seconds", "5", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["input"]["traced_batch_shape"] == [1, 64]
+    host = report["host"]
+    assert host["measured"] and host["spec"]["sample_shape"] == [64]
+    assert host["measurement"]["dataset_bytes"] > 50 * 2**20

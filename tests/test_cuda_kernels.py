@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from memcalc.cuda_kernels import CudaKernelMode, cuda_substitute, substituted_functions
-from memcalc.estimate import estimate
+from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 
 BATCH, SEQ, HEADS = 2, 256, 4

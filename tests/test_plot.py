@@ -1,7 +1,7 @@
 import pytest
 
 from memcalc.errors import InputError
-from memcalc.estimate import estimate
+from memcalc.pipeline import estimate
 from memcalc.plot import plot_batch_plan
 from memcalc.specs import TrainingSpec
 

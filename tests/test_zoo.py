@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from memcalc.estimate import estimate
+from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from models_zoo import ZOO
 

@@ -3,7 +3,7 @@
 import pytest
 
 from benchmarks.cases import CPU_TRUTH_CASES, TINY_GPT2, TINY_MLP
-from memcalc.estimate import estimate
+from memcalc.pipeline import estimate
 from memcalc.measure_cpu import measure_spec_cpu_peak
 from memcalc.specs import TrainingSpec
 
@@ -81,3 +81,16 @@ def test_cuda_report_predicts_reserved_and_lists_what_it_does_not_model():
     cpu = estimate(TrainingSpec(model="mlp", model_args=TINY_MLP, sample_shape=(256,), device="cpu"))
     assert cpu.device.peak_reserved_bytes is None
     assert cpu.device.peak_bytes == cpu.device.peak_allocated_bytes
+
+
+def test_host_estimate_uses_the_planned_batch_and_the_input_dtype():
+    machine = {"cpus": 4, "ram_bytes": 16 << 30}
+    spec = TrainingSpec(model="mlp", model_args=TINY_MLP, sample_shape=(256,),
+                        gpu_memory_bytes=1 << 30, headroom_fraction=0.0, machine=machine)
+    report = estimate(spec)
+    host = report.host
+    assert host.spec.batch_size == report.device.batch_size == report.device.max_batch_size
+    assert host.spec.sample_shape == spec.sample_shape and host.spec.cuda
+    assert host.spec.loader.sample_dtype == "float32"
+    assert host.batch_bytes == host.spec.batch_size * 4 * spec.sample_shape[0]
+    assert host.spec.machine.cpus == 4 and host.recommended_num_workers == 3

@@ -11,6 +11,15 @@ from memcalc.assumptions import unsupported as unsupported_cuda_effects
 from memcalc.device_estimate import static_device_report, traced_device_report
 from memcalc.errors import InputError, TraceError
 from memcalc.gpus import GpuSpec, find_gpu
+from memcalc.host import (
+    HostSpec,
+    WorkerMeasurement,
+    detect_machine,
+    host_estimate,
+    measure_worker,
+    measured_host_estimate,
+)
+from memcalc.host.measure import Progress
 from memcalc.layout import CONV_TYPES, LayoutDecision, resolve_layout
 from memcalc.model_source import resolve_model
 from memcalc.optimizers import optimizer_rule
@@ -39,6 +48,8 @@ class _Prepared:
     setup: StepSetup
     has_conv: bool
     leaf_output_elements: int | None
+    sample_shape: tuple[int, ...]
+    input_dtype_name: str
     reports: dict[int, DeviceReport] = field(default_factory=dict)
     output_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
     trace_error: str | None = None
@@ -68,10 +79,13 @@ class _Prepared:
                                     self.has_conv)
 
 
-def estimate(spec: TrainingSpec) -> Report:
+def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     """Estimate the memory of one training step described by ``spec``; plan the batch size
-    when a GPU or a memory size is given."""
-    prepared, layers, table_error = _prepare(spec)
+    when a GPU or a memory size is given; estimate host RAM and DataLoader workers.
+    With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it)."""
+    measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
+                   if spec.loader.dataset else None)
+    prepared, layers, table_error = _prepare(spec, measurement)
     capacity = spec.gpu_memory_bytes or (prepared.gpu.memory_bytes if prepared.gpu else None)
     headroom = int(capacity * spec.headroom_fraction) if capacity else 0
     plan = (plan_batch(lambda b: prepared.device_report(b).total_bytes, capacity - headroom)
@@ -84,6 +98,13 @@ def estimate(spec: TrainingSpec) -> Report:
         unsupported.append(f"traced step: {prepared.trace_error}; the device figure is a STATIC "
                            "estimate (model states, input, layer outputs once), not a trace")
     layout, setup = prepared.layout, prepared.setup
+    host_spec = HostSpec(
+        sample_shape=prepared.sample_shape, batch_size=batch_size,
+        cuda=spec.device is DeviceKind.CUDA, machine=spec.machine or detect_machine(),
+        loader=spec.loader.model_copy(update={"sample_dtype": spec.loader.sample_dtype
+                                              or prepared.input_dtype_name}))
+    host = (measured_host_estimate(host_spec, measurement, progress) if measurement
+            else host_estimate(host_spec))
     return Report(
         spec=spec, gpu=prepared.gpu, model=_model_summary(spec, prepared.model, layers),
         input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
@@ -93,20 +114,25 @@ def estimate(spec: TrainingSpec) -> Report:
         static=prepared.static_at(batch_size), device=device,
         assumptions=assumptions(spec, prepared.gpu, model_has_conv=prepared.has_conv,
                                 foreach=setup.foreach, traced=device.method == "traced"),
-        unsupported=unsupported + unsupported_cuda_effects(spec),
+        unsupported=unsupported + unsupported_cuda_effects(spec), host=host,
     )
 
 
-def _prepare(spec: TrainingSpec) -> tuple[_Prepared, list, str | None]:
+def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
+             ) -> tuple[_Prepared, list, str | None]:
     gpu = find_gpu(spec.gpu) if spec.gpu else None
     if (gpu or spec.gpu_memory_bytes) and spec.device is not DeviceKind.CUDA:
         raise InputError("--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda")
     source = resolve_model(spec.model, spec.model_args)
     model = source.build_meta()
-    sample_shape = spec.sample_shape or source.default_shape
+    measured_shape = tuple(measurement.sample_shape) if measurement else None
+    sample_shape = spec.sample_shape or measured_shape or source.default_shape
     if sample_shape is None:
-        raise InputError(f"model {spec.model!r} has no default sample shape; give --shape")
-    dtype_name = spec.input_dtype or source.default_input_dtype or "float32"
+        raise InputError(f"model {spec.model!r} has no default sample shape; give --shape "
+                         "or --dataset")
+    measured_dtype = (measurement.sample_dtype if measurement
+                      and measurement.sample_dtype in INPUT_DTYPES else None)
+    dtype_name = spec.input_dtype or measured_dtype or source.default_input_dtype or "float32"
     input_dtype = INPUT_DTYPES[dtype_name]
     layout = resolve_layout(model, sample_shape, spec.layout)
     if layout.layout == "token-ids" and input_dtype.is_floating_point:
@@ -122,8 +148,8 @@ def _prepare(spec: TrainingSpec) -> tuple[_Prepared, list, str | None]:
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
-    prepared = _Prepared(spec, gpu, model, layout, setup, has_conv,
-                         leaf_output_elements)
+    prepared = _Prepared(spec, gpu, model, layout, setup, has_conv, leaf_output_elements,
+                         sample_shape, dtype_name)
     return prepared, layers, table_error
 
 

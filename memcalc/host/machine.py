@@ -1,0 +1,123 @@
+"""The machine the job will run on: given figures, or this machine's CPUs and memory limits
+(CPU affinity, cgroup v1/v2 memory and CPU limits, ``/dev/shm``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import psutil
+
+from memcalc.errors import InputError
+from memcalc.host.procmem import SHM_PATH
+from memcalc.host.specs import MachineSpec
+
+_UNLIMITED = 1 << 60   # cgroup v1 writes a huge number for "no limit"
+
+
+def machine_from_options(cpus: int | None, ram_bytes: int | None, mem_per_cpu_bytes: int | None,
+                         shm_bytes: int | None, root: str = "/") -> MachineSpec:
+    """Given figures win; what is not given is detected on this machine."""
+    if mem_per_cpu_bytes is not None and cpus is None:
+        raise InputError("--mem-per-cpu needs --cpus: the job's limit is the two multiplied "
+                         "(SLURM --mem-per-cpu × --cpus-per-task)")
+    for name, value in (("--cpus", cpus), ("--ram", ram_bytes), ("--shm", shm_bytes)):
+        if value is not None and value <= 0:
+            raise InputError(f"{name} must be positive, got {value}")
+    if cpus is not None and (ram_bytes is not None or mem_per_cpu_bytes is not None):
+        return MachineSpec(cpus=cpus, ram_bytes=ram_bytes or mem_per_cpu_bytes * cpus,
+                           mem_per_cpu_bytes=mem_per_cpu_bytes, shm_bytes=shm_bytes)
+    detected = detect_machine(root)
+    given = cpus is not None or ram_bytes is not None or shm_bytes is not None
+    return MachineSpec(
+        cpus=cpus or detected.cpus, ram_bytes=ram_bytes or detected.ram_bytes,
+        mem_per_cpu_bytes=mem_per_cpu_bytes,
+        shm_bytes=shm_bytes or (detected.shm_bytes if ram_bytes is None else None),
+        source="given and detected" if given else detected.source)
+
+
+def detect_machine(root: str = "/") -> MachineSpec:
+    """This machine: usable CPUs and the tightest memory limit that applies to this process."""
+    base = Path(root)
+    cpus = _cpu_count(base)
+    ram = psutil.virtual_memory().total if root == "/" else _meminfo_total(base)
+    limit = _cgroup_memory_limit(base)
+    shm_dir = base / SHM_PATH.lstrip("/")
+    shm = _tmpfs_size(shm_dir) if shm_dir.is_dir() else None
+    source = "detected (cgroup limit)" if limit and limit < ram else "detected"
+    return MachineSpec(cpus=cpus, ram_bytes=min(ram, limit) if limit else ram, shm_bytes=shm,
+                       source=source)
+
+
+def _cpu_count(base: Path) -> int:
+    """CPUs this process may run on (affinity), capped by a cgroup CPU quota."""
+    try:
+        cpus = len(os.sched_getaffinity(0)) if str(base) == "/" else os.cpu_count() or 1
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota(base)
+    return max(1, min(cpus, quota)) if quota else cpus
+
+
+def _cgroup_dirs(base: Path, controller: str) -> list[Path]:
+    """Directories that hold this process's cgroup files for ``controller`` (v2 first)."""
+    dirs = []
+    cgroup_file = base / "proc/self/cgroup"
+    lines = cgroup_file.read_text().splitlines() if cgroup_file.exists() else []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        relative = path.lstrip("/")
+        if controllers == "":   # cgroup v2 unified hierarchy
+            dirs += [base / "sys/fs/cgroup" / relative, base / "sys/fs/cgroup"]
+        elif controller in controllers.split(","):
+            dirs += [base / "sys/fs/cgroup" / controller / relative,
+                     base / "sys/fs/cgroup" / controller]
+    return dirs
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_memory_limit(base: Path) -> int | None:
+    for directory in _cgroup_dirs(base, "memory"):
+        for name in ("memory.max", "memory.limit_in_bytes"):
+            value = _read_int(directory / name)
+            if value is not None and value < _UNLIMITED:
+                return value
+    return None
+
+
+def _cgroup_cpu_quota(base: Path) -> int | None:
+    """Whole CPUs allowed by ``cpu.max`` (v2) or ``cfs_quota_us / cfs_period_us`` (v1)."""
+    for directory in _cgroup_dirs(base, "cpu"):
+        cpu_max = directory / "cpu.max"
+        if cpu_max.exists():
+            quota, _, period = cpu_max.read_text().strip().partition(" ")
+            if quota.isdigit() and period.isdigit():
+                return max(1, int(quota) // int(period))
+            return None
+        quota = _read_int(directory / "cpu.cfs_quota_us")
+        period = _read_int(directory / "cpu.cfs_period_us")
+        if quota and period:
+            return max(1, quota // period)
+    return None
+
+
+def _meminfo_total(base: Path) -> int:
+    for line in (base / "proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise InputError(f"no MemTotal in {base / 'proc/meminfo'}")
+
+
+def _tmpfs_size(path: Path) -> int | None:
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_blocks * stats.f_frsize or None

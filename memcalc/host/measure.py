@@ -1,0 +1,133 @@
+"""Measured host analysis: run the real Dataset in a real worker (``memcalc.host.probe``),
+find why a worker grows, and measure again with the fix when one applies."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from collections.abc import Callable
+
+from memcalc.errors import InputError, MemcalcError
+from memcalc.host.plan import (
+    MALLOC_FIX_ENV,
+    MMAP_THRESHOLD_MAX_BYTES,
+    MMAP_THRESHOLD_MIN_BYTES,
+    host_estimate,
+)
+from memcalc.host.report import HostFix, HostReport, WorkerMeasurement
+from memcalc.host.specs import HostSpec, LoaderSpec
+from memcalc.units import format_bytes
+
+Progress = Callable[[int, int], None]
+"""Called after each measured batch with (batches so far, worker bytes)."""
+GROWTH_FLOOR_BYTES = 64 << 20
+GRACE_SECONDS = 120
+
+
+class MeasurementError(MemcalcError):
+    """The user's Dataset failed in the measuring process."""
+
+
+def measure_worker(loader: LoaderSpec, batch_size: int, env: dict[str, str] | None = None,
+                   progress: Progress | None = None) -> WorkerMeasurement:
+    """Start ``memcalc.host.probe`` in a fresh interpreter and read its events."""
+    if loader.dataset is None:
+        raise InputError("no --dataset given to measure")
+    config = {"dataset": loader.dataset, "batch_size": batch_size,
+              "prefetch_factor": loader.prefetch_factor, "input_key": loader.input_key,
+              "start_method": loader.start_method.value, "seconds": loader.probe_seconds}
+    command = [sys.executable, "-m", "memcalc.host.probe", json.dumps(config)]
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": _pythonpath()}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=environment, cwd=os.getcwd()) as process:
+        result = None
+        for line in process.stdout:
+            event = _parse(line)
+            if event.get("event") == "batch" and progress:
+                progress(event["index"] + 1, event["worker_bytes"])
+            elif event.get("event") == "input_error":
+                process.kill()
+                raise InputError(event["message"])
+            elif event.get("event") == "error":
+                process.kill()
+                raise MeasurementError(f"dataset {loader.dataset!r} failed in the measuring "
+                                       f"process: {event['message']}; call dataset[0] in your own script to debug")
+            elif event.get("event") == "result":
+                result = event
+        stderr = process.stderr.read()
+        process.wait(timeout=GRACE_SECONDS)
+    if result is None:
+        last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {process.returncode}"
+        raise MeasurementError(f"measuring dataset {loader.dataset!r} stopped: {last}")
+    result.pop("event")
+    return WorkerMeasurement.model_validate(result)
+
+
+def measured_host_estimate(spec: HostSpec, measured: WorkerMeasurement | None = None,
+                           progress: Progress | None = None) -> HostReport:
+    """Measure one worker (unless ``measured`` is given); when it keeps growing and glibc's
+    heap is the likely cause, measure again with ``MALLOC_MMAP_THRESHOLD_`` set and report both."""
+    if measured is None:
+        measured = measure_worker(spec.loader, spec.batch_size, progress=progress)
+    spec = _with_sample(spec, measured)
+    report = host_estimate(spec, measured)
+    growth = measured.worker_peak_bytes - measured.worker_first_bytes
+    if growth <= max(GROWTH_FLOOR_BYTES, measured.batch_bytes):
+        return report
+    warnings = [f"the worker grew by {format_bytes(growth)} over {measured.batches} batches "
+                f"({format_bytes(measured.worker_first_bytes)} after the first)"
+                + (" and was still growing: the figure is a lower bound"
+                   if measured.stopped_by != "plateau" else "")]
+    if _glibc_heap_suspect(measured):
+        fixed = measure_worker(spec.loader, measured.batch_size, env=MALLOC_FIX_ENV,
+                               progress=progress)
+        fixed_report = host_estimate(spec, fixed)
+        if fixed.worker_peak_bytes < measured.worker_peak_bytes * 0.8:
+            cause = ("glibc's dynamic mmap threshold: after a large buffer is freed, later "
+                     f"buffers up to {format_bytes(MMAP_THRESHOLD_MAX_BYTES)} come from the heap, "
+                     "which fragments and is not returned")
+            warnings.append(f"cause: {cause}; with {_env_text()} a worker needs "
+                            f"{format_bytes(fixed_report.per_worker_bytes)} instead of "
+                            f"{format_bytes(report.per_worker_bytes)}")
+            fix = HostFix(cause=cause, env=MALLOC_FIX_ENV, per_worker_bytes=fixed_report.per_worker_bytes,
+                          max_num_workers=fixed_report.max_num_workers, measurement=fixed)
+            return report.model_copy(update={"fix": fix, "warnings": report.warnings + warnings})
+    if measured.dataset_bytes and growth <= 1.5 * measured.dataset_bytes:
+        warnings.append(f"cause: the worker copies the dataset object "
+                        f"({format_bytes(measured.dataset_bytes)}) page by page as it reads it "
+                        "(reference counts of Python objects); hold it in numpy arrays or tensors")
+    else:
+        warnings.append("cause not identified: not the dataset object's size and not glibc's "
+                        "heap; look for caches or leaks in __getitem__")
+    return report.model_copy(update={"warnings": report.warnings + warnings})
+
+
+def _glibc_heap_suspect(measured: WorkerMeasurement) -> bool:
+    """Samples big enough to be mmapped at first, small enough to land in the heap later."""
+    return (platform.libc_ver()[0] == "glibc" and "MALLOC_MMAP_THRESHOLD_" not in measured.malloc_env
+            and MMAP_THRESHOLD_MIN_BYTES < measured.sample_bytes <= 2 * MMAP_THRESHOLD_MAX_BYTES)
+
+
+def _env_text() -> str:
+    return " ".join(f"{key}={value}" for key, value in MALLOC_FIX_ENV.items())
+
+
+def _with_sample(spec: HostSpec, measured: WorkerMeasurement) -> HostSpec:
+    loader = spec.loader.model_copy(update={"sample_dtype": measured.sample_dtype})
+    return spec.model_copy(update={"sample_shape": tuple(measured.sample_shape), "loader": loader})
+
+
+def _parse(line: str) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return {}   # the user's dataset printed something
+
+
+def _pythonpath() -> str:
+    """memcalc's own location first, so the probe imports this memcalc, then the caller's path."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return os.pathsep.join([package_root, os.getcwd(), os.environ.get("PYTHONPATH", "")])

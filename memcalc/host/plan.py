@@ -1,0 +1,206 @@
+"""Host RAM of the training process and the DataLoader worker counts that fit the machine."""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+
+from memcalc.host.arithmetic import (
+    HELD_BATCH,
+    TORCH_PROCESS_BYTES,
+    HostTerm,
+    batch_bytes,
+    in_flight_term,
+    main_terms,
+    sample_bytes,
+    worker_terms,
+)
+from memcalc.errors import InputError
+from memcalc.host.report import HostReport, WorkerMeasurement
+from memcalc.host.specs import HostSpec, StartMethod
+from memcalc.units import format_bytes
+
+MMAP_THRESHOLD_MAX_BYTES = 32 << 20
+"""glibc's dynamic mmap threshold never rises above this on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)."""
+MMAP_THRESHOLD_MIN_BYTES = 128 << 10
+MALLOC_FIX_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+_MIB = 1 << 20
+
+
+def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) -> HostReport:
+    """Worst-case host RAM per worker count; the largest and the recommended count."""
+    loader, machine = spec.loader, spec.machine
+    sizes = _Sizes(spec, measurement)
+    max_workers = _largest(sizes.fits, machine.cpus)
+    recommended = min(max_workers, max(1, machine.cpus - 1))
+    count = loader.num_workers if loader.num_workers is not None else recommended
+    pinned = _Sizes(spec.model_copy(update=dict(loader=loader.model_copy(
+        update=dict(pin_memory=True)))), measurement)
+    return HostReport(
+        spec=spec, measured=measurement is not None, sample_bytes=sizes.sample,
+        batch_bytes=sizes.batch, main_terms=sizes.main_at(count), worker_terms=sizes.workers,
+        main_process_bytes=_sum(sizes.main_at(count)), per_worker_bytes=sizes.per_worker,
+        num_workers=count, peak_bytes=sizes.total_at(count), shm_peak_bytes=sizes.shm_at(count),
+        limit_bytes=machine.limit_bytes, usable_bytes=sizes.usable, fits=sizes.fits(count),
+        epoch_start_bytes=sizes.epoch_start_at(count), steady_bytes=sizes.steady_at(count),
+        max_num_workers=max_workers,
+        max_num_workers_steady=_largest(
+            lambda n: sizes.steady_at(n) <= sizes.usable, machine.cpus),
+        limited_by=_limited_by(max_workers, machine.cpus, sizes),
+        recommended_num_workers=recommended,
+        recommended_pin_memory=spec.cuda and pinned.fits(recommended),
+        recommended_prefetch_factor=loader.prefetch_factor,
+        recommended_persistent_workers=not loader.dataset_python_objects,
+        sbatch=_sbatch(recommended, sizes.total_at(recommended), loader.headroom_fraction),
+        measurement=measurement,
+        assumptions=_assumptions(spec, measurement),
+        warnings=_warnings(spec, sizes.sample, measurement),
+    )
+
+
+class _Sizes:
+    """Totals as a function of the worker count, from the arithmetic or a measured worker."""
+
+    def __init__(self, spec: HostSpec, measurement: WorkerMeasurement | None) -> None:
+        self.spec, loader = spec, spec.loader
+        if measurement is not None:
+            self.sample = measurement.sample_bytes
+            extra_samples = spec.batch_size - measurement.batch_size
+            self.batch = measurement.batch_bytes * spec.batch_size // measurement.batch_size
+            self.dataset = measurement.dataset_bytes
+            self.baseline = measurement.main_process_bytes - self.dataset
+            self.workers = _measured_worker_terms(spec, measurement, self.batch,
+                                                  extra_samples * self.sample)
+        elif spec.sample_shape is None:
+            raise InputError("the host estimate needs --shape, or --dataset to measure")
+        else:
+            self.sample, self.batch = sample_bytes(spec), batch_bytes(spec)
+            self.dataset, self.baseline = loader.dataset_bytes, TORCH_PROCESS_BYTES
+            self.workers = worker_terms(spec, self.batch, self.dataset)
+        self.per_worker = _sum(self.workers)
+        self.transient = self.workers[-2].total_bytes   # samples being collated
+        self.usable = int(spec.machine.limit_bytes * (1 - loader.headroom_fraction))
+
+    def main_at(self, count: int) -> list[HostTerm]:
+        return main_terms(self.spec, self.batch, count, self.baseline, self.dataset)
+
+    def total_at(self, count: int) -> int:
+        """The larger of the two moments a worker count peaks at (see ``epoch_start_at``)."""
+        return max(self.epoch_start_at(count), self.steady_at(count))
+
+    def epoch_start_at(self, count: int) -> int:
+        """All workers collating their ``prefetch_factor``-th batch together, before the main
+        process has taken a batch."""
+        main = self.main_at(count)
+        held = sum(term.total_bytes for term in main if term.name == HELD_BATCH)
+        unpinned_held = held if count and not self.spec.pin_memory else 0   # pinned stays cached
+        return _sum(main) - unpinned_held + count * self.per_worker
+
+    def steady_at(self, count: int) -> int:
+        """Queues full, the main process training on a batch, one worker building the next."""
+        building = self.transient if count else 0
+        return _sum(self.main_at(count)) + count * (self.per_worker - self.transient) + building
+
+    def shm_at(self, count: int) -> int:
+        """/dev/shm in use: every in-flight batch, or only those not yet pinned."""
+        if not count:
+            return 0
+        in_shm = count + 1 if self.spec.pin_memory else count * self.spec.loader.prefetch_factor + 1
+        return in_shm * self.batch
+
+    def fits(self, count: int) -> bool:
+        shm = self.spec.machine.shm_bytes
+        return (self.total_at(count) <= self.usable
+                and (shm is None or self.shm_at(count) <= shm))
+
+
+def _measured_worker_terms(spec: HostSpec, measured: WorkerMeasurement, batch: int,
+                           extra_sample_bytes: int) -> list[HostTerm]:
+    """The measured worker; at another batch size its collated samples scale with the batch."""
+    scaled = (f", {spec.batch_size - measured.batch_size:+d} samples from the measured batch "
+              f"of {measured.batch_size}" if extra_sample_bytes else "")
+    return [
+        HostTerm(name="worker process (measured peak)",
+                 bytes_each=max(0, measured.worker_peak_bytes + extra_sample_bytes), count=1,
+                 per_worker=True,
+                 note=f"real worker over {measured.batches} batches: private pages, samples "
+                      f"being collated, copies{scaled}"),
+        in_flight_term(spec, batch),
+    ]
+
+
+def _sum(terms: list[HostTerm]) -> int:
+    return sum(term.total_bytes for term in terms)
+
+
+def _largest(fits, most: int) -> int:
+    """The largest count in 0..most that fits (totals grow with the count)."""
+    best = 0
+    for count in range(most + 1):
+        if not fits(count):
+            break
+        best = count
+    return best
+
+
+def _limited_by(max_workers: int, cpus: int, sizes: _Sizes) -> str:
+    if max_workers == cpus:
+        return f"CPUs ({cpus})"
+    if not sizes.fits(0):
+        return "RAM: the main process alone does not fit"
+    if sizes.total_at(max_workers + 1) <= sizes.usable:
+        return "/dev/shm size"
+    return "RAM"
+
+
+def _sbatch(workers: int, peak: int, headroom: float) -> list[str]:
+    """A SLURM request for one training process: a CPU per worker plus the main process."""
+    cpus_per_task = workers + 1
+    mem_per_cpu_mib = math.ceil(peak / (1 - headroom) / cpus_per_task / _MIB)
+    return [f"#SBATCH --cpus-per-task={cpus_per_task}", f"#SBATCH --mem-per-cpu={mem_per_cpu_mib}M"]
+
+
+def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None) -> list[str]:
+    loader, machine = spec.loader, spec.machine
+    notes = [
+        "peak = the larger of two moments: epoch start (every worker collating its "
+        "prefetch_factor-th batch at once, nothing taken yet) and steady state (all queues "
+        "full, the main process training on one batch, one worker building the next)",
+        f"machine: {machine.cpus} CPUs, limit {format_bytes(machine.limit_bytes)} ({machine.source})"
+        f", {format_bytes(loader.headroom_fraction * machine.limit_bytes)} kept free "
+        f"({loader.headroom_fraction:.0%} headroom)",
+        f"workers started with {loader.start_method.value}",
+        "one CPU is left to the main process: recommended ≤ CPUs − 1; the feeding model "
+        "(GPU step time vs batch build time) may need fewer",
+    ]
+    if machine.shm_bytes is None:
+        notes.append("/dev/shm size not known: not checked (Linux's default tmpfs is half of "
+                     "RAM, Docker's 64 MiB; give --shm)")
+    if measurement is None:
+        notes.append(f"python + torch {format_bytes(TORCH_PROCESS_BYTES)} and worker baselines "
+                     "measured with torch 2.13 on Linux; other imports of your script add to them")
+        notes.append(f"sample {loader.sample_dtype or 'float32'}; building one holds the sample"
+                     + (f", a {loader.raw_dtype} decoded copy" if loader.raw_dtype else "")
+                     + f" and {loader.transform_copies} full-size transform copies "
+                     "(--raw-dtype, --transform-copies)")
+    if spec.pin_memory:
+        notes.append("pin_memory: pinned copies of in-flight batches, power-of-two blocks kept "
+                     "by the caching host allocator (modelled, not measured without CUDA)")
+    return notes
+
+
+def _warnings(spec: HostSpec, sample: int, measurement: WorkerMeasurement | None) -> list[str]:
+    warnings = []
+    at_risk = MMAP_THRESHOLD_MIN_BYTES < sample <= MMAP_THRESHOLD_MAX_BYTES
+    if (measurement is None and at_risk and platform.libc_ver()[0] == "glibc"
+            and "MALLOC_MMAP_THRESHOLD_" not in os.environ):
+        warnings.append(
+            f"samples of {format_bytes(sample)} are below glibc's 32 MiB dynamic mmap "
+            "threshold: freed sample buffers can stay in the workers' heaps, growing each "
+            "worker well beyond this arithmetic; measure with --dataset, or launch with "
+            "MALLOC_MMAP_THRESHOLD_=1048576")
+    if spec.loader.dataset_python_objects and spec.loader.start_method is StartMethod.FORK:
+        warnings.append("forked workers copy a Python-object dataset page by page as they read "
+                        "it (reference counts): store it as numpy arrays or tensors to share it")
+    return warnings

@@ -1,0 +1,179 @@
+"""Run the user's Dataset in one real DataLoader worker and measure it (a subprocess).
+
+``python -m memcalc.host.probe '<json config>'`` prints one JSON object per line: a
+``batch`` event per batch received and a final ``result`` (or ``error``). It imports torch
+and the user's module only, so its main process looks like a training script's.
+The worker reports its pid through ``worker_init_fn``; a thread samples the worker's
+private memory every few milliseconds, so the peak while samples are collated is seen.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from memcalc.errors import InputError
+from memcalc.host.procmem import process_memory
+from memcalc.references import import_callable
+
+SAMPLE_INTERVAL_S = 0.003
+MIN_BATCHES = 18
+PLATEAU_WINDOW = 6
+PLATEAU_TOLERANCE = 0.02
+
+
+def _emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def _tensors(item: Any) -> list[torch.Tensor]:
+    """Every tensor or array in a sample or batch (tuples, lists, dicts nested)."""
+    if isinstance(item, torch.Tensor):
+        return [item]
+    if isinstance(item, np.ndarray):
+        return [torch.from_numpy(item)]
+    if isinstance(item, dict):
+        return [t for value in item.values() for t in _tensors(value)]
+    if isinstance(item, (list, tuple)):
+        return [t for value in item for t in _tensors(value)]
+    return []
+
+
+def _model_input(item: Any, key: str | None) -> torch.Tensor:
+    if key is not None:
+        try:
+            chosen = item[int(key)] if isinstance(item, (list, tuple)) else item[key]
+        except (KeyError, IndexError, ValueError, TypeError):
+            raise InputError(f"the first sample has no field {key!r} (--input-key)") from None
+        item = chosen
+    found = _tensors(item)
+    if not found:
+        raise InputError(f"the first sample is a {type(item).__name__} with no tensor or array; "
+                         "return tensors or numpy arrays, or name the field with --input-key")
+    return found[0]
+
+
+def _record_pid(shared_pid, worker_id: int) -> None:
+    shared_pid.value = os.getpid()
+
+
+class _WorkerWatch:
+    """Samples the worker's private memory (shared-memory batches excluded) in a thread."""
+
+    def __init__(self, shared_pid) -> None:
+        self.shared_pid, self.peak, self.stop = shared_pid, 0, False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop:
+            pid = self.shared_pid.value
+            if pid:
+                try:
+                    memory = process_memory(pid)
+                    self.peak = max(self.peak, max(0, memory.uss_bytes - memory.pss_shmem_bytes))
+                except Exception:   # the worker is exiting
+                    pass
+            time.sleep(SAMPLE_INTERVAL_S)
+
+    def take_peak(self) -> int:
+        peak, self.peak = self.peak, 0
+        return peak
+
+
+def _worker_share(pid: int) -> int:
+    """The worker's PSS share of pages it still shares with the main process."""
+    try:
+        worker = process_memory(pid)
+    except Exception:   # not started yet, or exiting
+        return 0
+    return max(0, worker.pss_private_bytes - (worker.uss_bytes - worker.pss_shmem_bytes))
+
+
+def _plateaued(series: list[int]) -> bool:
+    """Three windows of batches in a row without growth."""
+    if len(series) < max(MIN_BATCHES, 3 * PLATEAU_WINDOW):
+        return False
+    windows = [max(series[len(series) - (k + 1) * PLATEAU_WINDOW:len(series) - k * PLATEAU_WINDOW])
+               for k in range(3)]
+    return all(newer <= older * (1 + PLATEAU_TOLERANCE) + (1 << 20)
+               for newer, older in itertools.pairwise(windows))
+
+
+def probe(config: dict[str, Any]) -> dict[str, Any]:
+    pid = os.getpid()
+    before = process_memory(pid).pss_private_bytes
+    dataset = import_callable(config["dataset"], "dataset")()
+    main_bytes = process_memory(pid).pss_private_bytes
+    dataset_bytes = max(0, main_bytes - before)
+    first = dataset[0]
+    model_input = _model_input(first, config.get("input_key"))
+    sample_bytes = sum(t.nbytes for t in _tensors(first))
+    del first
+    context = multiprocessing.get_context(config["start_method"])
+    shared_pid = context.Value("i", 0)
+    loader = DataLoader(dataset, batch_size=config["batch_size"], shuffle=True, num_workers=1,
+                        prefetch_factor=config["prefetch_factor"], multiprocessing_context=context,
+                        worker_init_fn=functools.partial(_record_pid, shared_pid))
+    watch = _WorkerWatch(shared_pid)
+    watch.thread.start()
+    series, arrivals, batch_bytes = [], [], 0
+    deadline, stopped_by = time.monotonic() + config["seconds"], "dataset end"
+    for index, batch in enumerate(loader):
+        arrivals.append(time.monotonic())
+        batch_bytes = max(batch_bytes, sum(t.nbytes for t in _tensors(batch)))
+        del batch
+        series.append(watch.take_peak())
+        main_bytes = max(main_bytes, process_memory(pid).pss_private_bytes
+                         + _worker_share(shared_pid.value))
+        _emit("batch", index=index, worker_bytes=series[-1])
+        if _plateaued(series):
+            stopped_by = "plateau"
+            break
+        if time.monotonic() > deadline:
+            stopped_by = "budget"
+            break
+    watch.stop = True
+    del loader
+    intervals = [b - a for a, b in itertools.pairwise(arrivals[1:])] or [0.0]
+    half = series[len(series) // 2:]
+    slope = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else 0.0
+    return {
+        "sample_shape": list(model_input.shape), "sample_dtype": str(model_input.dtype)
+        .removeprefix("torch."), "sample_bytes": sample_bytes, "batch_size": config["batch_size"], "batch_bytes": batch_bytes,
+        "main_process_bytes": main_bytes, "dataset_bytes": dataset_bytes,
+        "worker_first_bytes": series[0] if series else 0, "worker_peak_bytes": max(series, default=0),
+        "growth_bytes_per_batch": slope, "batches": len(series),
+        "seconds_per_sample": statistics.median(intervals) / config["batch_size"],
+        "stopped_by": stopped_by,
+        "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+    }
+
+
+def main() -> None:
+    try:
+        _emit("result", **probe(json.loads(sys.argv[1])))
+    except InputError as error:   # bad reference, or no tensor in the sample
+        _emit("input_error", message=str(error).splitlines()[0])
+        sys.exit(2)
+    except Exception as error:   # the user's Dataset can raise anything; report it in one line
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        _emit("error", message=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+              f" (at {os.path.basename(where.filename)}:{where.lineno})")
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""What the host-RAM estimate found (JSON field ``host``). Integer bytes throughout."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from memcalc.host.arithmetic import HostTerm
+from memcalc.host.specs import HostSpec
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class WorkerMeasurement(BaseModel):
+    """One real worker run by ``memcalc.host.probe`` on the user's Dataset."""
+
+    model_config = _FROZEN
+
+    sample_shape: tuple[int, ...]
+    sample_dtype: str
+    sample_bytes: int
+    batch_size: int
+    """The batch the worker built; other batches scale its samples and its batch bytes."""
+    batch_bytes: int
+    main_process_bytes: int
+    """PSS of the main process with the dataset built (shared pages counted here, once)."""
+    dataset_bytes: int
+    """What building the Dataset object added to the main process."""
+    worker_first_bytes: int
+    """The worker's private memory (USS without shared-memory batches) after its first batch."""
+    worker_peak_bytes: int
+    """Its largest private memory over the run, samples being collated included."""
+    growth_bytes_per_batch: float
+    """Slope of the worker's private memory over the last half of the run."""
+    batches: int
+    seconds_per_sample: float
+    stopped_by: str
+    """"plateau", "budget" (time) or "dataset end"."""
+    malloc_env: dict[str, str]
+
+
+class HostFix(BaseModel):
+    """A change that removes measured worker growth, measured again with the change applied."""
+
+    model_config = _FROZEN
+
+    cause: str
+    env: dict[str, str]
+    per_worker_bytes: int
+    max_num_workers: int
+    measurement: WorkerMeasurement
+
+
+class HostReport(BaseModel):
+    """Host RAM of one training process and the DataLoader worker counts that fit."""
+
+    model_config = _FROZEN
+
+    spec: HostSpec
+    measured: bool
+    sample_bytes: int
+    batch_bytes: int
+    main_terms: list[HostTerm]
+    worker_terms: list[HostTerm]
+    main_process_bytes: int
+    """Main process at ``num_workers`` (pinned copies grow with the worker count)."""
+    per_worker_bytes: int
+    """One worker at its peak, including its share of in-flight batches."""
+    num_workers: int
+    """The count the totals are given for: the one asked for, else the recommended one."""
+    peak_bytes: int
+    """The larger of ``epoch_start_bytes`` and ``steady_bytes``."""
+    epoch_start_bytes: int
+    """Every worker collating its last prefetched batch at once, none taken yet."""
+    steady_bytes: int
+    """Queues full, one batch in training, one worker building the next."""
+    shm_peak_bytes: int
+    limit_bytes: int
+    usable_bytes: int
+    fits: bool
+    max_num_workers: int
+    """Largest count whose peak fits the usable RAM and /dev/shm, at most the CPUs."""
+    max_num_workers_steady: int
+    """Largest count if workers never collate at once (e.g. desynchronised by slow I/O)."""
+    limited_by: str
+    recommended_num_workers: int
+    recommended_pin_memory: bool
+    recommended_prefetch_factor: int
+    recommended_persistent_workers: bool
+    sbatch: list[str]
+    measurement: WorkerMeasurement | None = None
+    fix: HostFix | None = None
+    assumptions: list[str]
+    warnings: list[str]

@@ -1,0 +1,103 @@
+"""What the data pipeline and the machine look like: the inputs of the host-RAM estimate."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class StartMethod(str, Enum):
+    """How DataLoader starts its workers (``multiprocessing_context``)."""
+
+    FORK = "fork"
+    SPAWN = "spawn"
+    FORKSERVER = "forkserver"
+
+
+class LoaderSpec(BaseModel):
+    """The DataLoader and the Dataset as far as memory is concerned.
+
+    ``num_workers`` None: report the largest and the recommended count. ``dataset`` is
+    ``package.module:callable`` returning the real ``Dataset``; when given, one worker is
+    started and measured instead of relying on the sample arithmetic alone.
+    """
+
+    model_config = _FROZEN
+
+    num_workers: int | None = Field(default=None, ge=0)
+    prefetch_factor: int = Field(default=2, ge=1)
+    pin_memory: bool = False
+    """DataLoader's ``pin_memory`` (its default is False); only effective when training on CUDA."""
+    persistent_workers: bool = False
+    start_method: StartMethod = StartMethod.FORK
+    sample_dtype: str | None = None
+    """dtype of one loaded sample; None: the model's input dtype (float32 when unknown)."""
+    raw_dtype: str | None = None
+    """dtype the sample is decoded to before conversion (e.g. uint8 images); None: no raw copy."""
+    transform_copies: int = Field(default=0, ge=0)
+    """Full-size intermediate copies a transform makes while one sample is built."""
+    dataset_bytes: int = Field(default=0, ge=0)
+    """RAM the Dataset object itself holds in the main process (an in-memory dataset)."""
+    dataset_python_objects: bool = False
+    """The dataset is made of Python objects (lists, dicts): forked workers copy it on read."""
+    dataset: str | None = None
+    input_key: str | None = None
+    """Which field of a tuple/dict sample is the model input (default: the first tensor)."""
+    probe_seconds: float = Field(default=60.0, gt=0)
+    """Wall-time budget of the measured worker run."""
+    headroom_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Share of the RAM limit kept free (OS, page cache, other processes)."""
+
+
+class MachineSpec(BaseModel):
+    """CPUs and memory limits of the node (or SLURM allocation) that runs the job."""
+
+    model_config = _FROZEN
+
+    cpus: int = Field(ge=1)
+    ram_bytes: int = Field(gt=0)
+    """Physical RAM, or the allocation's limit."""
+    mem_per_cpu_bytes: int | None = Field(default=None, gt=0)
+    """SLURM ``--mem-per-cpu``: the job's limit is this times ``cpus``."""
+    shm_bytes: int | None = Field(default=None, gt=0)
+    """Size of the ``/dev/shm`` tmpfs; None: not known, not checked."""
+    source: str = "given"
+    """Where the figures come from: given on the command line, or detected on this machine."""
+
+    @property
+    def limit_bytes(self) -> int:
+        """RAM the job may use: physical RAM, capped by the per-CPU allocation."""
+        if self.mem_per_cpu_bytes is None:
+            return self.ram_bytes
+        return min(self.ram_bytes, self.mem_per_cpu_bytes * self.cpus)
+
+
+class HostSpec(BaseModel):
+    """One training process's host side: the sample, the batch, the loader, the machine."""
+
+    model_config = _FROZEN
+
+    sample_shape: tuple[int, ...] | None = None
+    """One sample as the Dataset yields it; None only when ``loader.dataset`` is measured."""
+    batch_size: int = Field(ge=1)
+    cuda: bool = True
+    """The training step runs on a GPU: CUDA's host-side context and pinned copies apply."""
+    loader: LoaderSpec = Field(default_factory=LoaderSpec)
+    machine: MachineSpec
+
+    @model_validator(mode="after")
+    def _workers_within_cpus(self) -> HostSpec:
+        workers = self.loader.num_workers
+        if workers is not None and workers > self.machine.cpus:
+            raise ValueError(f"--num-workers {workers} is more than the {self.machine.cpus} CPUs "
+                             "of the machine; use at most that many, or give --cpus")
+        if self.sample_shape is None and self.loader.dataset is None:
+            raise ValueError("the host estimate needs --shape, or --dataset to measure")
+        return self
+
+    @property
+    def pin_memory(self) -> bool:
+        return self.loader.pin_memory and self.cuda

@@ -1,0 +1,63 @@
+"""Terminal rendering of the host-RAM report: the arithmetic, the worker counts, SLURM lines."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+
+from memcalc.host.report import HostReport
+from memcalc.units import format_bytes
+
+
+def host_renderable(host: HostReport) -> Group:
+    spec = host.spec
+    how = "MEASURED worker" if host.measured else "from the sample shape"
+    head = (
+        f"[bold]host RAM ({how})[/]: sample {_shape(spec.sample_shape)} "
+        f"{spec.loader.sample_dtype or 'float32'} = {format_bytes(host.sample_bytes)}, batch "
+        f"{spec.batch_size} = {format_bytes(host.batch_bytes)}\n"
+        f"at num_workers={host.num_workers}: main {format_bytes(host.main_process_bytes)} + "
+        f"{host.num_workers} × {format_bytes(host.per_worker_bytes)} per worker → "
+        f"[bold]peak {format_bytes(host.peak_bytes)}[/] (epoch start "
+        f"{format_bytes(host.epoch_start_bytes)}, steady {format_bytes(host.steady_bytes)}); "
+        f"/dev/shm {format_bytes(host.shm_peak_bytes)}\n"
+        f"limit {format_bytes(host.limit_bytes)} → usable {format_bytes(host.usable_bytes)}: "
+        f"{'fits' if host.fits else '[bold red]DOES NOT FIT[/]'}\n"
+        f"[bold]max_num_workers {host.max_num_workers}[/] (limited by {host.limited_by}; "
+        f"{host.max_num_workers_steady} if workers never collate at once); "
+        f"recommended num_workers={host.recommended_num_workers}, "
+        f"pin_memory={host.recommended_pin_memory}, "
+        f"prefetch_factor={host.recommended_prefetch_factor}, "
+        f"persistent_workers={host.recommended_persistent_workers}\n"
+        + "  ".join(host.sbatch)
+    )
+    parts = [Panel(head, title="memcalc host", expand=False), _terms_table(host)]
+    if host.fix is not None:
+        env = " ".join(f"{key}={value}" for key, value in host.fix.env.items())
+        parts.append(Panel(f"{env}: {format_bytes(host.fix.per_worker_bytes)} per worker, "
+                           f"max_num_workers {host.fix.max_num_workers}\ncause: {host.fix.cause}",
+                           title="Fix (measured)", title_align="left"))
+    if host.warnings:
+        parts.append(bullets("Host warnings", host.warnings))
+    parts.append(bullets("Host assumptions", host.assumptions))
+    return Group(*parts)
+
+
+def _terms_table(host: HostReport) -> Table:
+    table = Table(title="Host RAM arithmetic (peak of each term)", title_justify="left")
+    for column in ("process", "term", "count × each", "total", "note"):
+        table.add_column(column, justify="right" if column in ("count × each", "total") else "left")
+    for term in host.main_terms + host.worker_terms:
+        table.add_row("worker" if term.per_worker else "main", term.name,
+                      f"{term.count} × {format_bytes(term.bytes_each)}",
+                      format_bytes(term.total_bytes), term.note)
+    return table
+
+
+def _shape(shape: tuple[int, ...] | None) -> str:
+    return "×".join(map(str, shape)) if shape else "?"
+
+
+def bullets(title: str, lines: list[str]) -> Panel:
+    return Panel("\n".join(f"• {line}" for line in lines), title=title, title_align="left")

@@ -1,0 +1,53 @@
+"""/proc readings against allocations of known size."""
+
+import multiprocessing
+import os
+
+import torch
+
+from memcalc.host.procmem import host_total_bytes, process_memory, shm_used_bytes, tree_memory
+
+MIB = 1 << 20
+
+
+def test_pss_grows_by_what_is_allocated_and_touched():
+    before = process_memory(os.getpid())
+    block = bytearray(64 * MIB)          # zero-filled: every page touched
+    after = process_memory(os.getpid())
+    assert abs((after.pss_bytes - before.pss_bytes) - 64 * MIB) < 4 * MIB
+    assert after.uss_bytes - before.uss_bytes > 60 * MIB
+    del block
+
+
+def test_shared_memory_segments_are_counted_once_by_the_tmpfs():
+    before_shm, before_total = shm_used_bytes(), host_total_bytes(os.getpid())
+    shared = torch.ones(32 * MIB, dtype=torch.uint8).share_memory_()
+    grew = shm_used_bytes() - before_shm
+    assert abs(grew - 32 * MIB) < 2 * MIB
+    mapped = process_memory(os.getpid())
+    assert mapped.pss_shmem_bytes >= 30 * MIB   # mapped here, so also in PSS...
+    total = host_total_bytes(os.getpid(), before_shm)
+    assert total - before_total < 32 * MIB + 8 * MIB   # ...but the total has it once
+    del shared
+
+
+def _hold(ready, release):
+    block = bytearray(48 * MIB)
+    ready.set()
+    release.wait(30)
+    del block
+
+
+def test_tree_memory_includes_children():
+    context = multiprocessing.get_context("fork")
+    ready, release = context.Event(), context.Event()
+    child = context.Process(target=_hold, args=(ready, release))
+    child.start()
+    try:
+        assert ready.wait(30)
+        memory = tree_memory(os.getpid())
+        assert child.pid in memory and os.getpid() in memory
+        assert memory[child.pid].uss_bytes > 48 * MIB
+    finally:
+        release.set()
+        child.join()
