@@ -69,7 +69,7 @@ HOST_BAD_INVOCATIONS = {
     "zero CPUs": (["--shape", "8", "--cpus", "0"], r"'--cpus': 0 is not in the range x>=1"),
     "unimportable dataset": (["--dataset", "no_such_pkg.data:build"],
                              r"cannot import 'no_such_pkg.data' for dataset"),
-    "dataset that raises": (["--dataset", "tests.host_datasets:broken"],
+    "dataset that raises": (["--dataset", "benchmarks.host_datasets:broken"],
                             r"KeyError: 'no file for item \d+'"),
 }
 
@@ -165,7 +165,7 @@ def test_host_reports_the_seed_arithmetic_as_json():
 
 def test_estimate_with_a_dataset_reads_the_shape_from_its_first_item():
     args = ["estimate", "--model", "mlp", "--model-arg", "in_features=64", "--device", "cpu",
-            "--dataset", "tests.host_datasets:python_objects", "--probe-seconds", "5", "--json"]
+            "--dataset", "benchmarks.host_datasets:python_objects", "--probe-seconds", "5", "--json"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)

@@ -1,70 +1,47 @@
-"""Host RAM against a real DataLoader measured by PSS (``tests/host_truth.py``):
+"""Host RAM against a real DataLoader measured by PSS (``benchmarks/host_truth.py``):
 the shape arithmetic within ±25 %, the measured worker within ±15 %."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from memcalc.errors import InputError
-from memcalc.host.measure import MeasurementError, measure_worker, measured_host_estimate
-from memcalc.host.plan import host_estimate
-from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
-from tests.host_datasets import (
-    OBJECT_FLOATS,
-    OBJECT_ITEMS,
+from benchmarks.host_datasets import (
+    HOST_CASES,
     SMALL_SHAPE,
     VOLUME_SHAPE,
     python_objects_bytes,
 )
+from benchmarks.host_truth import truth_peak_bytes
+from memcalc.errors import InputError
+from memcalc.host.measure import MeasurementError, measure_worker, measured_host_estimate
+from memcalc.host.plan import host_estimate
+from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MACHINE = MachineSpec(cpus=2, ram_bytes=24 << 30)
-OBJECT_BATCH = 256
-
-# dataset -> (shape-based loader options, batch size, sample shape, truth batches, step seconds)
-CASES = {
-    "tensor_volumes": ({}, 2, VOLUME_SHAPE, 12, 0.05),
-    "numpy_volumes": ({}, 2, VOLUME_SHAPE, 12, 0.05),
-    "uint8_volumes": ({"raw_dtype": "uint8"}, 2, VOLUME_SHAPE, 12, 0.05),
-    "python_objects": ({"dataset_bytes": python_objects_bytes(), "dataset_python_objects": True},
-                       OBJECT_BATCH, (OBJECT_FLOATS,), OBJECT_ITEMS // OBJECT_BATCH, 0.0),
-}
-
-
-def truth_peak_bytes(dataset: str, workers: int) -> int:
-    _, batch, _, batches, step = CASES[dataset]
-    completed = subprocess.run(
-        [sys.executable, "-m", "tests.host_truth", f"tests.host_datasets:{dataset}", str(workers),
-         str(batch), "2", str(batches), str(step)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=True)
-    return json.loads(completed.stdout.splitlines()[-1])["peak_bytes"]
 
 
 def spec_for(name: str, workers: int, **loader) -> HostSpec:
-    options, batch, shape, _, _ = CASES[name]
-    return HostSpec(sample_shape=shape, batch_size=batch, cuda=False, machine=MACHINE,
-                    loader=LoaderSpec(num_workers=workers, **{**options, **loader}))
+    case = HOST_CASES[name]
+    return HostSpec(sample_shape=case.sample_shape, batch_size=case.batch_size, cuda=False,
+                    machine=MACHINE,
+                    loader=LoaderSpec(num_workers=workers, **{**case.loader_options, **loader}))
 
 
 @pytest.fixture(scope="module")
 def measurements():
     """One real worker measured per dataset (shared by the worker counts)."""
-    return {dataset: measure_worker(LoaderSpec(dataset=f"tests.host_datasets:{dataset}",
-                                               probe_seconds=30), CASES[dataset][1])
-            for dataset in CASES}
+    return {name: measure_worker(LoaderSpec(dataset=f"benchmarks.host_datasets:{name}",
+                                            probe_seconds=30), HOST_CASES[name].batch_size)
+            for name in HOST_CASES}
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
-@pytest.mark.parametrize("dataset", list(CASES))
+@pytest.mark.parametrize("dataset", list(HOST_CASES))
 def test_prediction_matches_a_real_dataloader(dataset, workers, measurements):
     truth = truth_peak_bytes(dataset, workers)
     shape_based = host_estimate(spec_for(dataset, workers)).peak_bytes
-    measured = host_estimate(spec_for(dataset, workers, dataset=f"tests.host_datasets:{dataset}"),
+    reference = f"benchmarks.host_datasets:{dataset}"
+    measured = host_estimate(spec_for(dataset, workers, dataset=reference),
                              measurements[dataset]).peak_bytes
     assert abs(shape_based / truth - 1) <= 0.25, (shape_based, truth)
     assert abs(measured / truth - 1) <= 0.15, (measured, truth)
@@ -83,14 +60,14 @@ def test_copy_on_read_of_python_objects_is_measured_as_worker_growth(measurement
     copied = objects.worker_peak_bytes - objects.worker_first_bytes
     assert 0.5 * python_objects_bytes() < copied < 1.5 * objects.dataset_bytes
     report = measured_host_estimate(
-        spec_for("python_objects", 2, dataset="tests.host_datasets:python_objects"), objects)
+        spec_for("python_objects", 2, dataset="benchmarks.host_datasets:python_objects"), objects)
     assert report.fix is None     # 256-byte samples never reach glibc's mmap threshold
     assert any("copies the dataset object" in warning for warning in report.warnings)
 
 
 def test_glibc_heap_growth_is_found_and_the_fix_is_measured():
     spec = HostSpec(batch_size=4, cuda=False, machine=MachineSpec(cpus=16, ram_bytes=64 << 30),
-                    loader=LoaderSpec(dataset="tests.host_datasets:small_volumes",
+                    loader=LoaderSpec(dataset="benchmarks.host_datasets:small_volumes",
                                       probe_seconds=10))
     report = measured_host_estimate(spec)
     assert report.measurement.sample_shape == SMALL_SHAPE
@@ -104,6 +81,6 @@ def test_glibc_heap_growth_is_found_and_the_fix_is_measured():
 
 def test_a_failing_dataset_is_one_line_naming_the_error():
     with pytest.raises(MeasurementError, match=r"KeyError: 'no file for item \d+'.*host_datasets"):
-        measure_worker(LoaderSpec(dataset="tests.host_datasets:broken"), 2)
+        measure_worker(LoaderSpec(dataset="benchmarks.host_datasets:broken"), 2)
     with pytest.raises(InputError, match=r"cannot import 'no_such_module'"):
         measure_worker(LoaderSpec(dataset="no_such_module:data"), 2)

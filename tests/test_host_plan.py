@@ -136,9 +136,12 @@ def test_a_measured_worker_scales_with_the_batch_size():
                     loader=LoaderSpec(dataset="pkg:data", num_workers=2),
                     machine=MachineSpec(cpus=4, ram_bytes=64 * GIB))
     report = host_estimate(spec, measured)
-    worker, in_flight = report.worker_terms
-    assert worker.bytes_each == 100 * MIB + 2 * sample
+    worker, collating, in_flight = report.worker_terms
+    assert worker.bytes_each == 100 * MIB - 2 * sample      # what stays between batches
+    assert collating.bytes_each == 4 * sample               # the 4 samples of a batch of 4
     assert in_flight.bytes_each == 4 * sample and report.batch_bytes == 4 * sample
+    assert report.steady_bytes == (report.main_process_bytes + 2 * (worker.bytes_each
+                                   + in_flight.total_bytes) + collating.bytes_each)
     assert report.measured and report.main_terms[0].bytes_each == 300 * MIB
 
 

@@ -75,10 +75,11 @@ def build_peak_bytes(spec: HostSpec, sample: int) -> int:
 
 
 def main_terms(spec: HostSpec, batch: int, num_workers: int, torch_process_bytes: int,
-               dataset_bytes: int) -> list[HostTerm]:
+               dataset_bytes: int, measured: bool = False) -> list[HostTerm]:
     """The main (training) process: interpreter, CUDA, dataset, the batch it is consuming."""
     terms = [HostTerm(name="python + torch", bytes_each=torch_process_bytes, count=1,
-                      per_worker=False, note="interpreter with torch imported (PSS)")]
+                      per_worker=False, note="measured main process with your imports (PSS)"
+                      if measured else "interpreter with torch imported (PSS)")]
     if spec.cuda:
         terms.append(HostTerm(name="CUDA host context", bytes_each=CUDA_HOST_CONTEXT_BYTES, count=1,
                               per_worker=False, note="initialising CUDA (PyTorch #113326)"))

@@ -63,15 +63,13 @@ class _Sizes:
     """Totals as a function of the worker count, from the arithmetic or a measured worker."""
 
     def __init__(self, spec: HostSpec, measurement: WorkerMeasurement | None) -> None:
-        self.spec, loader = spec, spec.loader
+        self.spec, loader, self.measured = spec, spec.loader, measurement is not None
         if measurement is not None:
             self.sample = measurement.sample_bytes
-            extra_samples = spec.batch_size - measurement.batch_size
             self.batch = measurement.batch_bytes * spec.batch_size // measurement.batch_size
             self.dataset = measurement.dataset_bytes
             self.baseline = measurement.main_process_bytes - self.dataset
-            self.workers = _measured_worker_terms(spec, measurement, self.batch,
-                                                  extra_samples * self.sample)
+            self.workers = _measured_worker_terms(spec, measurement, self.batch)
         elif spec.sample_shape is None:
             raise InputError("the host estimate needs --shape, or --dataset to measure")
         else:
@@ -83,7 +81,8 @@ class _Sizes:
         self.usable = int(spec.machine.limit_bytes * (1 - loader.headroom_fraction))
 
     def main_at(self, count: int) -> list[HostTerm]:
-        return main_terms(self.spec, self.batch, count, self.baseline, self.dataset)
+        return main_terms(self.spec, self.batch, count, self.baseline, self.dataset,
+                          measured=self.measured)
 
     def total_at(self, count: int) -> int:
         """The larger of the two moments a worker count peaks at (see ``epoch_start_at``)."""
@@ -115,17 +114,20 @@ class _Sizes:
                 and (shm is None or self.shm_at(count) <= shm))
 
 
-def _measured_worker_terms(spec: HostSpec, measured: WorkerMeasurement, batch: int,
-                           extra_sample_bytes: int) -> list[HostTerm]:
-    """The measured worker; at another batch size its collated samples scale with the batch."""
-    scaled = (f", {spec.batch_size - measured.batch_size:+d} samples from the measured batch "
-              f"of {measured.batch_size}" if extra_sample_bytes else "")
+def _measured_worker_terms(spec: HostSpec, measured: WorkerMeasurement, batch: int
+                           ) -> list[HostTerm]:
+    """The measured worker split into what stays (its pages, retained heap, dataset copies)
+    and the samples it collates, which scale with the batch size."""
+    collated = measured.batch_size * measured.sample_bytes
     return [
-        HostTerm(name="worker process (measured peak)",
-                 bytes_each=max(0, measured.worker_peak_bytes + extra_sample_bytes), count=1,
+        HostTerm(name="worker process (measured)",
+                 bytes_each=max(0, measured.worker_peak_bytes - collated), count=1,
                  per_worker=True,
-                 note=f"real worker over {measured.batches} batches: private pages, samples "
-                      f"being collated, copies{scaled}"),
+                 note=f"real worker's peak over {measured.batches} batches minus the samples "
+                      "it was collating"),
+        HostTerm(name="samples being collated", bytes_each=spec.batch_size * measured.sample_bytes,
+                 count=1, per_worker=True,
+                 note=f"{spec.batch_size} measured samples"),
         in_flight_term(spec, batch),
     ]
 

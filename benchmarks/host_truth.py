@@ -1,6 +1,6 @@
 """Independent truth for the host tests: a real DataLoader, its RAM measured by PSS.
 
-``python -m tests.host_truth DATASET WORKERS BATCH PREFETCH BATCHES [STEP_S]`` prints the peak
+``python -m benchmarks.host_truth DATASET WORKERS BATCH PREFETCH BATCHES [STEP_S]`` prints the peak
 RAM of the process tree (private PSS of main + workers, plus /dev/shm in use) while a
 consumer trains slowly on the first batch (workers fill their queues, as at an epoch start)
 and then takes one batch per step.
@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
+
 
 from torch.utils.data import DataLoader
 
 from memcalc.host.procmem import host_total_bytes, shm_used_bytes
 from memcalc.references import import_callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FIRST_STEP_S = 1.0
 STEP_S = 0.05
@@ -47,6 +51,19 @@ def main() -> None:
     stop[0] = True
     thread.join()
     print(json.dumps({"peak_bytes": peak[0]}))
+
+
+def truth_peak_bytes(name: str, workers: int, prefetch: int = 2) -> int:
+    """Run this script on ``HOST_CASES[name]`` in a fresh interpreter; its peak bytes."""
+    from benchmarks.host_datasets import HOST_CASES
+
+    case = HOST_CASES[name]
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.host_truth", f"benchmarks.host_datasets:{name}",
+         str(workers), str(case.batch_size), str(prefetch), str(case.truth_batches),
+         str(case.truth_step_s)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=True)
+    return json.loads(completed.stdout.splitlines()[-1])["peak_bytes"]
 
 
 if __name__ == "__main__":

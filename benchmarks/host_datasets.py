@@ -1,10 +1,12 @@
-"""Small synthetic Datasets for the host-RAM tests, importable as ``tests.host_datasets:NAME``.
+"""Small synthetic Datasets for the host-RAM tests and benchmark (``benchmarks.host_datasets:NAME``).
 
 Volumes are 40 MiB float32 samples: above glibc's 32 MiB dynamic mmap threshold, so freed
 samples go back to the OS and the arithmetic applies without heap growth.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -84,3 +86,26 @@ def broken():
         def __getitem__(self, index):
             raise KeyError(f"no file for item {index}")
     return Broken()
+
+
+@dataclass(frozen=True)
+class HostCase:
+    """How a dataset is described to the shape arithmetic and how its truth run goes."""
+
+    batch_size: int
+    sample_shape: tuple[int, ...]
+    loader_options: dict = field(default_factory=dict)
+    truth_batches: int = 12
+    truth_step_s: float = 0.05
+
+
+OBJECT_BATCH = 256
+HOST_CASES = {
+    "tensor_volumes": HostCase(2, VOLUME_SHAPE),
+    "numpy_volumes": HostCase(2, VOLUME_SHAPE),
+    "uint8_volumes": HostCase(2, VOLUME_SHAPE, {"raw_dtype": "uint8"}),
+    "python_objects": HostCase(OBJECT_BATCH, (OBJECT_FLOATS,),
+                               {"dataset_bytes": python_objects_bytes(),
+                                "dataset_python_objects": True},
+                               truth_batches=OBJECT_ITEMS // OBJECT_BATCH, truth_step_s=0.0),
+}

@@ -1,0 +1,80 @@
+"""Host RAM accuracy against real DataLoaders measured by PSS, and the cost of measuring.
+Prints the table and writes benchmarks/results-host.md.
+
+    python -m benchmarks.host
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.host_datasets import HOST_CASES
+from benchmarks.host_truth import truth_peak_bytes
+from memcalc.host.measure import measure_worker, measured_host_estimate
+from memcalc.host.plan import host_estimate
+from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
+
+RESULTS = Path(__file__).with_name("results-host.md")
+WORKER_COUNTS = (0, 1, 2)
+MACHINE = MachineSpec(cpus=2, ram_bytes=24 << 30)
+MIB = 2**20
+
+
+def glibc_rows() -> list[str]:
+    """A worker building 16 MiB samples (inside glibc's dynamic mmap threshold), as found and
+    as fixed by ``MALLOC_MMAP_THRESHOLD_``."""
+    spec = HostSpec(batch_size=4, cuda=False, machine=MachineSpec(cpus=32, ram_bytes=16 << 30),
+                    loader=LoaderSpec(dataset="benchmarks.host_datasets:small_volumes",
+                                      probe_seconds=20))
+    report = measured_host_estimate(spec)
+    rows = ["| 16 MiB samples, batch 4 | worker peak | per worker | max workers (32 CPUs, 16 GiB) |",
+            "|---|---:|---:|---:|",
+            f"| as launched | {report.measurement.worker_peak_bytes / MIB:,.0f} MiB "
+            f"({report.measurement.batches} batches, {report.measurement.stopped_by}) | "
+            f"{report.per_worker_bytes / MIB:,.0f} MiB | {report.max_num_workers} |"]
+    if report.fix is not None:
+        env = " ".join(f"{key}={value}" for key, value in report.fix.env.items())
+        rows.append(f"| {env} | {report.fix.measurement.worker_peak_bytes / MIB:,.0f} MiB | "
+                    f"{report.fix.per_worker_bytes / MIB:,.0f} MiB | {report.fix.max_num_workers} |")
+    return rows
+
+
+def main() -> None:
+    lines = ["| dataset | workers | measured PSS | shape-based | error | measured worker | error |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    probe_seconds = {}
+    for name, case in HOST_CASES.items():
+        reference = f"benchmarks.host_datasets:{name}"
+        start = time.perf_counter()
+        measurement = measure_worker(LoaderSpec(dataset=reference, probe_seconds=30),
+                                     case.batch_size)
+        probe_seconds[name] = (time.perf_counter() - start, measurement.batches)
+        for workers in WORKER_COUNTS:
+            spec = HostSpec(sample_shape=case.sample_shape, batch_size=case.batch_size,
+                            cuda=False, machine=MACHINE,
+                            loader=LoaderSpec(num_workers=workers, **case.loader_options))
+            shape_based = host_estimate(spec).peak_bytes
+            measured = host_estimate(spec.model_copy(update={"loader": spec.loader.model_copy(
+                update={"dataset": reference})}), measurement).peak_bytes
+            truth = truth_peak_bytes(name, workers)
+            lines.append(f"| {name} | {workers} | {truth / MIB:,.0f} MiB | "
+                         f"{shape_based / MIB:,.0f} MiB | {100 * (shape_based / truth - 1):+.1f} % | "
+                         f"{measured / MIB:,.0f} MiB | {100 * (measured / truth - 1):+.1f} % |")
+    lines += ["", "| dataset | worker measurement | batches |", "|---|---:|---:|"]
+    lines += [f"| {name} | {seconds:.1f} s | {batches} |"
+              for name, (seconds, batches) in probe_seconds.items()]
+    lines += ["", *glibc_rows()]
+    lines += ["", f"Linux {platform.release()}, Python {platform.python_version()}, torch "
+              f"{torch.__version__}, glibc {platform.libc_ver()[1]}; 2 CPUs. Truth: "
+              "benchmarks/host_truth.py (peak of private PSS of main + workers plus /dev/shm)."]
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.write_text("# Host RAM: memcalc vs real DataLoaders\n\n" + text + "\n")
+
+
+if __name__ == "__main__":
+    main()
