@@ -98,8 +98,11 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
         unsupported.append(f"traced step: {prepared.trace_error}; the device figure is a STATIC "
                            "estimate (model states, input, layer outputs once), not a trace")
     layout, setup = prepared.layout, prepared.setup
+    static = prepared.static_at(batch_size)
     host_spec = HostSpec(
         sample_shape=prepared.sample_shape, batch_size=batch_size,
+        model_bytes=static.parameter_bytes + static.buffer_bytes,
+        cpu_step_bytes=device.total_bytes if spec.device is DeviceKind.CPU else 0,
         cuda=spec.device is DeviceKind.CUDA, machine=spec.machine or detect_machine(),
         loader=spec.loader.model_copy(update={"sample_dtype": spec.loader.sample_dtype
                                               or prepared.input_dtype_name}))
@@ -111,7 +114,7 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
                            traced_batch_shape=(batch_size, *layout.traced_sample_shape),
                            dtype=str(setup.batch_dtype).removeprefix("torch."),
                            output_shape=prepared.output_shapes.get(batch_size)),
-        static=prepared.static_at(batch_size), device=device,
+        static=static, device=device,
         assumptions=assumptions(spec, prepared.gpu, model_has_conv=prepared.has_conv,
                                 foreach=setup.foreach, traced=device.method == "traced"),
         unsupported=unsupported + unsupported_cuda_effects(spec), host=host,

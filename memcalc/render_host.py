@@ -20,7 +20,9 @@ def host_renderable(host: HostReport) -> Group:
         f"at num_workers={host.num_workers}: main {format_bytes(host.main_process_bytes)} + "
         f"{host.num_workers} × {format_bytes(host.per_worker_bytes)} per worker → "
         f"[bold]peak {format_bytes(host.peak_bytes)}[/] (epoch start "
-        f"{format_bytes(host.epoch_start_bytes)}, steady {format_bytes(host.steady_bytes)}); "
+        f"{format_bytes(host.epoch_start_bytes)}, steady {format_bytes(host.steady_bytes)}"
+        + (f", loading the model {format_bytes(host.loading_bytes)}" if host.loading_bytes else "")
+        + "); "
         f"/dev/shm {format_bytes(host.shm_peak_bytes)}\n"
         f"limit {format_bytes(host.limit_bytes)} → usable {format_bytes(host.usable_bytes)}: "
         f"{'fits' if host.fits else '[bold red]DOES NOT FIT[/]'}\n"
@@ -48,8 +50,11 @@ def _terms_table(host: HostReport) -> Table:
     table = Table(title="Host RAM arithmetic (peak of each term)", title_justify="left")
     for column in ("process", "term", "count × each", "total", "note"):
         table.add_column(column, justify="right" if column in ("count × each", "total") else "left")
-    for term in host.main_terms + host.worker_terms:
-        table.add_row("worker" if term.per_worker else "main", term.name,
+    rows = [("loading", term) for term in host.loading_terms]
+    rows += [("worker" if term.per_worker else "main", term)
+             for term in host.main_terms + host.worker_terms]
+    for process, term in rows:
+        table.add_row(process, term.name,
                       f"{term.count} × {format_bytes(term.bytes_each)}",
                       format_bytes(term.total_bytes), term.note)
     return table

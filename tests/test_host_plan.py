@@ -167,3 +167,24 @@ def test_sizes_are_exact_for_every_dtype():
         report = host_estimate(spec)
         assert report.sample_bytes == math.prod((7, 9)) * size
         assert report.batch_bytes == 3 * report.sample_bytes
+
+
+def test_loading_the_model_holds_it_twice_before_the_workers_start():
+    model = 25 * GIB
+    spec = HostSpec(sample_shape=(2048,), batch_size=1, model_bytes=model,
+                    loader=LoaderSpec(sample_dtype="int64"),
+                    machine=MachineSpec(cpus=16, ram_bytes=64 * GIB))
+    report = host_estimate(spec)
+    assert report.loading_bytes == (TORCH_PROCESS_BYTES + 2 * model + CUDA_HOST_CONTEXT_BYTES)
+    assert report.peak_bytes == report.loading_bytes > report.epoch_start_bytes
+    assert any("mmap=True" in warning for warning in report.warnings)
+    too_small = spec.model_copy(update={"machine": MachineSpec(cpus=16, ram_bytes=48 * GIB)})
+    small_report = host_estimate(too_small)
+    assert not small_report.fits and small_report.limited_by.startswith("RAM: loading the model")
+
+
+def test_a_cpu_training_step_lives_in_the_main_process():
+    step = 3 * GIB
+    spec = seed(num_workers=2).model_copy(update={"cuda": False, "cpu_step_bytes": step})
+    on_gpu = seed(num_workers=2).model_copy(update={"cuda": False})
+    assert host_estimate(spec).main_process_bytes - host_estimate(on_gpu).main_process_bytes == step

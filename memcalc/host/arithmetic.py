@@ -83,6 +83,10 @@ def main_terms(spec: HostSpec, batch: int, num_workers: int, torch_process_bytes
     if spec.cuda:
         terms.append(HostTerm(name="CUDA host context", bytes_each=CUDA_HOST_CONTEXT_BYTES, count=1,
                               per_worker=False, note="initialising CUDA (PyTorch #113326)"))
+    if spec.cpu_step_bytes and not spec.cuda:
+        terms.append(HostTerm(name="training step on the CPU", bytes_each=spec.cpu_step_bytes,
+                              count=1, per_worker=False,
+                              note="model states, activations: the traced step's peak"))
     if dataset_bytes:
         terms.append(HostTerm(name="dataset object", bytes_each=dataset_bytes, count=1,
                               per_worker=False, note="in-memory dataset in the main process"))
@@ -100,6 +104,23 @@ def main_terms(spec: HostSpec, batch: int, num_workers: int, torch_process_bytes
         terms.append(HostTerm(name="batch being pinned", bytes_each=batch, count=1,
                               per_worker=False,
                               note="shared-memory copy alive while the pin thread copies it"))
+    return terms
+
+
+def loading_terms(spec: HostSpec, torch_process_bytes: int, dataset_bytes: int
+                  ) -> list[HostTerm]:
+    """Before the loop: the model built on the host and the checkpoint's state dict."""
+    terms = [HostTerm(name="python + torch", bytes_each=torch_process_bytes, count=1,
+                      per_worker=False, note="interpreter with torch imported (PSS)"),
+             HostTerm(name="model while loading", bytes_each=spec.model_bytes, count=2,
+                      per_worker=False, note="the module and the loaded state dict, before "
+                      + ("moving to the GPU" if spec.cuda else "training"))]
+    if spec.cuda:
+        terms.append(HostTerm(name="CUDA host context", bytes_each=CUDA_HOST_CONTEXT_BYTES,
+                              count=1, per_worker=False, note="initialising CUDA"))
+    if dataset_bytes:
+        terms.append(HostTerm(name="dataset object", bytes_each=dataset_bytes, count=1,
+                              per_worker=False, note="in-memory dataset in the main process"))
     return terms
 
 

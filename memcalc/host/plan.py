@@ -12,6 +12,7 @@ from memcalc.host.arithmetic import (
     HostTerm,
     batch_bytes,
     in_flight_term,
+    loading_terms,
     main_terms,
     sample_bytes,
     worker_terms,
@@ -40,10 +41,12 @@ def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) 
     return HostReport(
         spec=spec, measured=measurement is not None, sample_bytes=sizes.sample,
         batch_bytes=sizes.batch, main_terms=sizes.main_at(count), worker_terms=sizes.workers,
+        loading_terms=sizes.loading_terms if sizes.loading else [],
         main_process_bytes=_sum(sizes.main_at(count)), per_worker_bytes=sizes.per_worker,
         num_workers=count, peak_bytes=sizes.total_at(count), shm_peak_bytes=sizes.shm_at(count),
         limit_bytes=machine.limit_bytes, usable_bytes=sizes.usable, fits=sizes.fits(count),
         epoch_start_bytes=sizes.epoch_start_at(count), steady_bytes=sizes.steady_at(count),
+        loading_bytes=sizes.loading,
         max_num_workers=max_workers,
         max_num_workers_steady=_largest(
             lambda n: sizes.steady_at(n) <= sizes.usable, machine.cpus),
@@ -55,7 +58,10 @@ def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) 
         sbatch=_sbatch(recommended, sizes.total_at(recommended), loader.headroom_fraction),
         measurement=measurement,
         assumptions=_assumptions(spec, measurement),
-        warnings=_warnings(spec, sizes.sample, measurement),
+        warnings=_warnings(spec, sizes.sample, measurement)
+        + (["loading the model is the host peak: torch.load(..., mmap=True) with "
+            "load_state_dict(..., assign=True) avoids holding a second copy"]
+           if sizes.loading > max(sizes.epoch_start_at(count), sizes.steady_at(count)) else []),
     )
 
 
@@ -77,6 +83,8 @@ class _Sizes:
             self.dataset, self.baseline = loader.dataset_bytes, TORCH_PROCESS_BYTES
             self.workers = worker_terms(spec, self.batch, self.dataset)
         self.per_worker = _sum(self.workers)
+        self.loading_terms = loading_terms(spec, self.baseline, self.dataset)
+        self.loading = _sum(self.loading_terms) if spec.model_bytes else 0
         self.transient = self.workers[-2].total_bytes   # samples being collated
         self.usable = int(spec.machine.limit_bytes * (1 - loader.headroom_fraction))
 
@@ -85,8 +93,8 @@ class _Sizes:
                           measured=self.measured)
 
     def total_at(self, count: int) -> int:
-        """The larger of the two moments a worker count peaks at (see ``epoch_start_at``)."""
-        return max(self.epoch_start_at(count), self.steady_at(count))
+        """The largest of the moments a worker count peaks at (see ``epoch_start_at``)."""
+        return max(self.epoch_start_at(count), self.steady_at(count), self.loading)
 
     def epoch_start_at(self, count: int) -> int:
         """All workers collating their ``prefetch_factor``-th batch together, before the main
@@ -149,6 +157,8 @@ def _largest(fits, most: int) -> int:
 def _limited_by(max_workers: int, cpus: int, sizes: _Sizes) -> str:
     if max_workers == cpus:
         return f"CPUs ({cpus})"
+    if sizes.loading > sizes.usable:
+        return "RAM: loading the model (module + state dict) does not fit"
     if not sizes.fits(0):
         return "RAM: the main process alone does not fit"
     if sizes.total_at(max_workers + 1) <= sizes.usable:

@@ -61,6 +61,8 @@ class HostReport(BaseModel):
     batch_bytes: int
     main_terms: list[HostTerm]
     worker_terms: list[HostTerm]
+    loading_terms: list[HostTerm]
+    """The main process before the loop, when the model's size is known."""
     main_process_bytes: int
     """Main process at ``num_workers`` (pinned copies grow with the worker count)."""
     per_worker_bytes: int
@@ -68,11 +70,13 @@ class HostReport(BaseModel):
     num_workers: int
     """The count the totals are given for: the one asked for, else the recommended one."""
     peak_bytes: int
-    """The larger of ``epoch_start_bytes`` and ``steady_bytes``."""
+    """The largest of ``epoch_start_bytes``, ``steady_bytes`` and ``loading_bytes``."""
     epoch_start_bytes: int
     """Every worker collating its last prefetched batch at once, none taken yet."""
     steady_bytes: int
     """Queues full, one batch in training, one worker building the next."""
+    loading_bytes: int
+    """Before the loop: the model and its state dict on the host (0 when not known)."""
     shm_peak_bytes: int
     limit_bytes: int
     usable_bytes: int

@@ -85,6 +85,11 @@ class HostSpec(BaseModel):
     batch_size: int = Field(ge=1)
     cuda: bool = True
     """The training step runs on a GPU: CUDA's host-side context and pinned copies apply."""
+    model_bytes: int = Field(default=0, ge=0)
+    """Weights and buffers as loaded; the main process holds them and a state dict while
+    loading, before the workers start (then on CUDA they move to the GPU)."""
+    cpu_step_bytes: int = Field(default=0, ge=0)
+    """Peak of the training step itself when it runs on the CPU (in the main process)."""
     loader: LoaderSpec = Field(default_factory=LoaderSpec)
     machine: MachineSpec
 
