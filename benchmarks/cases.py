@@ -24,6 +24,11 @@ CPU_TRUTH_CASES = {
                                   batch_size=4, optimizer="adamw", precision="bf16-mixed"),
     "llama-rope-swiglu": dict(model="llama_7b", model_args=TINY_LLAMA, sample_shape=(64,),
                               batch_size=2),
+    "gpt2-checkpointed": dict(model="gpt2", model_args=TINY_GPT2, sample_shape=(128,),
+                              batch_size=4, activation_checkpointing=True),
+    "llama-checkpointed-bf16-mixed": dict(model="llama_7b", model_args=TINY_LLAMA,
+                                          sample_shape=(64,), batch_size=2,
+                                          activation_checkpointing=True, precision="bf16-mixed"),
 }
 
 # Convolutional models: CPU kernels (oneDNN, im2col) allocate workspaces the trace does not

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from memcalc.checkpointing import apply_checkpointing, repeated_blocks
 from memcalc.losses import compute_loss, make_target, primary_output
 from memcalc.model_source import resolve_model
 from memcalc.optimizers import OptimizerRule, optimizer_rule
@@ -75,6 +76,8 @@ def measure_spec_cpu_peak(spec: TrainingSpec, traced_batch_shape: tuple[int, ...
     torch.manual_seed(0)
     source = resolve_model(spec.model, spec.model_args)
     model = source.factory(**spec.model_args)
+    if spec.activation_checkpointing:
+        apply_checkpointing(model, repeated_blocks(model))
     token_ids = not INPUT_DTYPES[spec.input_dtype or source.default_input_dtype
                                  or "float32"].is_floating_point
     batch = (torch.randint(0, 100, traced_batch_shape) if token_ids

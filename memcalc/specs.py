@@ -89,6 +89,8 @@ class TrainingSpec(BaseModel):
     loss: LossKind = LossKind.CROSS_ENTROPY
     optimizer: str = "adam"
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
+    activation_checkpointing: bool = False
+    """Checkpoint the model's repeated blocks (``memcalc.checkpointing``) in the traced step."""
     zero_grad_to_none: bool = True
     """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
     precision: Precision = Precision.FP32

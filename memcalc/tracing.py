@@ -24,6 +24,7 @@ from memcalc._torch_internals import (
     materialize_fake,
 )
 from memcalc.categories import MemoryCategory
+from memcalc.checkpointing import apply_checkpointing
 from memcalc.cuda_kernels import CudaKernelMode
 from memcalc.errors import MemcalcError, TraceError
 from memcalc.ledger import MemoryLedger, Phase, StorageRecord
@@ -53,6 +54,8 @@ class StepSetup:
     """Apply ``memcalc.cuda_kernels`` substitutions (the target is a CUDA GPU)."""
     keep_zeroed_grads: bool = False
     """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
+    checkpoint_blocks: tuple[str, ...] = ()
+    """Modules whose forward runs under non-reentrant activation checkpointing."""
     iterations: int = 2
 
 
@@ -102,6 +105,7 @@ def _trace(setup: StepSetup) -> TraceResult:
 
     watcher = StorageWatcher(on_new, ledger.free)
     model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
+    apply_checkpointing(model, list(setup.checkpoint_blocks))
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
     batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)

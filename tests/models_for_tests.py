@@ -61,3 +61,8 @@ class _AttentionWithDropout(nn.Module):
 
 def attention_with_dropout():
     return _AttentionWithDropout()
+
+
+def single_conv3d():
+    """One 3x3x3 convolution, 2 → 4 channels, no bias: FLOPs in closed form."""
+    return nn.Conv3d(2, 4, kernel_size=3, padding=1, bias=False)

@@ -1,0 +1,45 @@
+"""Which blocks are checkpointed, and what checkpointing saves (the CPU truth of the traced
+effect is in test_pipeline's CPU_TRUTH_CASES: gpt2-checkpointed, llama-checkpointed-bf16-mixed)."""
+
+import pytest
+import torch
+
+from benchmarks.cases import TINY_GPT2
+from memcalc.checkpointing import apply_checkpointing, repeated_blocks
+from memcalc.model_source import resolve_model
+from memcalc.pipeline import estimate
+from memcalc.specs import TrainingSpec
+
+
+@pytest.mark.parametrize("model,first,count", [
+    ("gpt2", "blocks.0", 12), ("bert_large", "layers.0", 24), ("resnet3d", "layer1.0", 8),
+    ("llama_7b", "blocks.0", 32), ("vit_b16", "blocks.0", 12),
+])
+def test_repeated_blocks_are_the_layers_users_wrap(model, first, count):
+    blocks = repeated_blocks(resolve_model(model).build_meta())
+    assert blocks[0] == first and len(blocks) == count
+
+
+def test_a_model_without_repeated_blocks_gets_none():
+    assert repeated_blocks(resolve_model("mlp").build_meta()) == []
+
+
+def test_checkpointed_forward_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = resolve_model("gpt2", TINY_GPT2).factory(**TINY_GPT2)
+    tokens = torch.randint(0, 100, (2, 16))
+    model(tokens).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    apply_checkpointing(model, repeated_blocks(model))
+    model(tokens).sum().backward()
+    for expected, got in zip(plain, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_checkpointing_lowers_the_activation_line():
+    spec = TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(128,), device="cpu",
+                        batch_size=8)
+    plain = estimate(spec).device
+    checkpointed = estimate(spec.with_changes(activation_checkpointing=True)).device
+    assert checkpointed.breakdown.activations < plain.breakdown.activations / 2
