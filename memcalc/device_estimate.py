@@ -45,6 +45,7 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
         top_modules=[ModuleActivation(module=name, activation_bytes=nbytes)
                      for name, nbytes in per_module[:TOP_MODULES]],
         peak_phase=peak_record.phase.value if peak_record else None,
+        compute_peak_bytes=ledger.phase_peaks()[0], optimizer_peak_bytes=ledger.phase_peaks()[1],
         peak_iteration=peak_record.iteration if peak_record else None,
         **cuda_fields,
     )

@@ -82,6 +82,20 @@ class MemoryLedger:
                 live.discard(event.record_id)
         return [self.records[record_id] for record_id in sorted(live)]
 
+    def phase_peaks(self) -> tuple[int, int]:
+        """Peak live bytes while computing (forward, loss, backward) and while stepping the
+        optimizer (step, zero_grad): two lines in the batch size, one flat, one rising."""
+        live, compute, step = 0, 0, 0
+        for event in self.events:
+            live += event.delta_bytes
+            if event.delta_bytes > 0:
+                phase = self.records[event.record_id].phase
+                if phase in (Phase.FORWARD, Phase.BACKWARD):
+                    compute = max(compute, live)
+                elif phase in (Phase.OPTIMIZER, Phase.ZERO_GRAD):
+                    step = max(step, live)
+        return compute, step
+
     def peak_record(self) -> StorageRecord | None:
         """The allocation that set the peak (its phase and iteration say when the peak was)."""
         if self.peak_event_count == 0:

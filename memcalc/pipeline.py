@@ -8,8 +8,10 @@ import torch
 
 from memcalc.assumptions import assumptions
 from memcalc.assumptions import unsupported as unsupported_cuda_effects
+from memcalc.checkpointing import repeated_blocks
 from memcalc.device_estimate import static_device_report, traced_device_report
 from memcalc.errors import InputError, TraceError
+from memcalc.flops import step_flops
 from memcalc.gpus import GpuSpec, find_gpu
 from memcalc.host import (
     HostSpec,
@@ -23,7 +25,7 @@ from memcalc.host.measure import Progress
 from memcalc.layout import CONV_TYPES, LayoutDecision, resolve_layout
 from memcalc.model_source import resolve_model
 from memcalc.optimizers import optimizer_rule
-from memcalc.planner import plan_batch
+from memcalc.planner import PlanPoint, plan_batch
 from memcalc.precision import precision_policy
 from memcalc.report import (
     DeviceReport,
@@ -90,10 +92,18 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     headroom = int(capacity * spec.headroom_fraction) if capacity else 0
     plan = (plan_batch(lambda b: prepared.device_report(b).total_bytes, capacity - headroom)
             if capacity else None)
+    if plan is not None:
+        plan = plan.model_copy(update={"points": [_with_phases(point, prepared.device_report(
+            point.batch_size)) for point in plan.points]})
     batch_size = spec.batch_size or (plan.max_batch_size if plan and plan.max_batch_size else 1)
     device = prepared.device_report(batch_size).model_copy(
         update=dict(capacity_bytes=capacity, headroom_bytes=headroom, plan=plan))
     unsupported = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
+    blocks = prepared.setup.checkpoint_blocks
+    if spec.activation_checkpointing and not blocks:
+        unsupported.append("activation checkpointing: no repeated blocks found, not applied")
+    extra_assumptions = ([f"activation checkpointing (non-reentrant) of {len(blocks)} repeated "
+                          f"blocks: {blocks[0]} … {blocks[-1]}"] if blocks else [])
     if prepared.trace_error:
         unsupported.append(f"traced step: {prepared.trace_error}; the device figure is a STATIC "
                            "estimate (model states, input, layer outputs once), not a trace")
@@ -116,9 +126,17 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
                            output_shape=prepared.output_shapes.get(batch_size)),
         static=static, device=device,
         assumptions=assumptions(spec, prepared.gpu, model_has_conv=prepared.has_conv,
-                                foreach=setup.foreach, traced=device.method == "traced"),
+                                foreach=setup.foreach, traced=device.method == "traced")
+        + extra_assumptions,
         unsupported=unsupported + unsupported_cuda_effects(spec), host=host,
     )
+
+
+def _with_phases(point: PlanPoint, device: DeviceReport) -> PlanPoint:
+    return point.model_copy(update={
+        "allocated_bytes": device.peak_allocated_bytes,
+        "compute_peak_bytes": device.compute_peak_bytes,
+        "optimizer_peak_bytes": device.optimizer_peak_bytes})
 
 
 def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
@@ -147,7 +165,9 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
                       classes_last=not input_dtype.is_floating_point,
                       optimizer=optimizer_rule(spec.optimizer), foreach=_foreach(spec),
                       policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
-                      keep_zeroed_grads=not spec.zero_grad_to_none)
+                      keep_zeroed_grads=not spec.zero_grad_to_none,
+                      checkpoint_blocks=tuple(repeated_blocks(model))
+                      if spec.activation_checkpointing else ())
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
@@ -172,3 +192,14 @@ def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelS
         buffer_element_count=sum(b.numel() for b in model.buffers()),
         layers=layers,
     )
+
+
+def training_flops(spec: TrainingSpec, batch_size: int = 1) -> int:
+    """FLOPs of one forward + loss + backward at ``batch_size`` (recomputation included when
+    checkpointing); raises TraceError when the model cannot run on fake tensors."""
+    prepared, _, _ = _prepare(spec, None)
+    setup = replace(prepared.setup, batch_shape=(batch_size, *prepared.layout.traced_sample_shape))
+    try:
+        return step_flops(setup)
+    except Exception as error:   # the user's model may raise anything on fake tensors
+        raise TraceError(f"FLOPs could not be counted: {type(error).__name__}: {error}") from error

@@ -26,6 +26,12 @@ class PlanPoint(BaseModel):
     batch_size: int
     total_bytes: int
     fits: bool
+    allocated_bytes: int | None = None
+    """Live tensor bytes + workspaces at the peak (what the allocator reserves for)."""
+    compute_peak_bytes: int | None = None
+    """Live tensor bytes at the forward/backward peak; the strategy planner's rising line."""
+    optimizer_peak_bytes: int | None = None
+    """Live tensor bytes at the optimizer-step peak; the flat line."""
 
 
 class BatchPlan(BaseModel):

@@ -123,6 +123,10 @@ class DeviceReport(BaseModel):
     top_modules: list[ModuleActivation]
     peak_phase: str | None
     peak_iteration: int | None
+    compute_peak_bytes: int | None = None
+    """Live tensor bytes at the peak of forward + backward (traced only)."""
+    optimizer_peak_bytes: int | None = None
+    """Live tensor bytes at the peak of the optimizer step (traced only)."""
     peak_reserved_bytes: int | None = None
     workspace_bytes: int = 0
     """cuBLAS workspaces, allocated through the caching allocator (inside reserved)."""

@@ -1,0 +1,31 @@
+"""FLOPs of one training step (forward, loss, backward; recomputation when checkpointed),
+counted by PyTorch's ``FlopCounterMode`` on fake tensors: matmuls, convolutions, attention."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from memcalc._torch_internals import fake_cpu_mode, materialize_fake
+from memcalc.checkpointing import apply_checkpointing
+from memcalc.losses import compute_loss, make_target, primary_output
+from memcalc.tracing import StepSetup
+
+
+def step_flops(setup: StepSetup) -> int:
+    """FLOPs of one iteration at ``setup.batch_shape`` (the optimizer step is not counted)."""
+    with fake_cpu_mode():
+        model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
+        apply_checkpointing(model, list(setup.checkpoint_blocks))
+        batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
+        autocast = (torch.autocast("cpu", dtype=setup.policy.autocast_dtype)
+                    if setup.policy.autocast_dtype is not None else contextlib.nullcontext())
+        with FlopCounterMode(display=False) as counter:
+            with autocast:
+                output = primary_output(model(batch))
+                target = make_target(setup.loss, output, setup.classes_last)
+                loss = compute_loss(setup.loss, output, target, setup.classes_last)
+            loss.backward()
+    return int(counter.get_total_flops())
