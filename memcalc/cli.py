@@ -3,183 +3,27 @@
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
 
 import click
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from memcalc.cuda_overheads import ModuleLoading
+from memcalc.cli_options import (
+    host_options,
+    loader_and_machine,
+    model_options,
+    training_spec,
+    worker_progress,
+)
+from memcalc.cli_types import ShapeType, enum_choice
 from memcalc.errors import InputError, MemcalcError
 from memcalc.gpus import gpu_catalog
-from memcalc.host.machine import machine_from_options
-from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
-from memcalc.optimizers import optimizer_names
 from memcalc.plot import NEEDS_CAPACITY, plot_batch_plan
-from memcalc.specs import (
-    INPUT_DTYPES,
-    DeviceKind,
-    Layout,
-    LossKind,
-    OptimizerImpl,
-    Precision,
-    TrainingSpec,
-)
-from memcalc.units import format_bytes, format_count, parse_size
+from memcalc.specs import DeviceKind
+from memcalc.strategies.specs import Interconnect, Strategy
+from memcalc.units import format_bytes, format_count
 from memcalc.zoo_catalog import zoo_rows
-
-
-class ShapeType(click.ParamType):
-    """``834,224,834,3`` → (834, 224, 834, 3); every dimension a positive integer."""
-
-    name = "shape"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        parts = [part.strip() for part in str(value).split(",") if part.strip()]
-        try:
-            dims = tuple(int(part) for part in parts)
-        except ValueError:
-            self.fail(f"shape must be positive integers separated by commas (e.g. 3,224,224), "
-                      f"got {value!r}", param, ctx)
-        if not dims or any(dim <= 0 for dim in dims):
-            self.fail(f"shape dimensions must be positive integers, got {value!r}", param, ctx)
-        return dims
-
-
-class ModelArgType(click.ParamType):
-    """``depth=50`` → ("depth", 50); values parsed as int, float, bool or string."""
-
-    name = "key=value"
-
-    def convert(self, value, param, ctx):
-        key, sep, raw = str(value).partition("=")
-        if not sep or not key.strip():
-            self.fail(f"model argument must look like key=value, got {value!r}", param, ctx)
-        return key.strip(), _parse_scalar(raw.strip())
-
-
-class SizeType(click.ParamType):
-    """``24GiB`` (binary) or ``24GB`` (decimal) → bytes."""
-
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        try:
-            return parse_size(value)
-        except ValueError as error:
-            self.fail(str(error), param, ctx)
-
-
-class FractionType(click.ParamType):
-    """``0.05`` or ``5%`` → 0.05, in [0, 1)."""
-
-    name = "fraction"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, float):
-            return value
-        text = str(value).strip()
-        try:
-            fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
-        except ValueError:
-            self.fail(f"headroom must be a fraction like 0.05 or a percentage like 5%, got {value!r}",
-                      param, ctx)
-        if not 0 <= fraction < 1:
-            self.fail(f"headroom must be at least 0 and below 100%, got {value!r}", param, ctx)
-        return fraction
-
-
-def _parse_scalar(raw: str) -> int | float | bool | str:
-    if raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
-    return raw
-
-
-def _choice(enum_type) -> click.Choice:
-    return click.Choice([member.value for member in enum_type], case_sensitive=False)
-
-
-_DTYPE_NAMES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "uint8",
-                "int8", "bool"]
-
-_HOST_OPTIONS = [
-    click.option("--sample-dtype", type=click.Choice(_DTYPE_NAMES),
-                 help="dtype of one loaded sample [default: the input dtype, else float32]."),
-    click.option("--raw-dtype", type=click.Choice(_DTYPE_NAMES),
-                 help="dtype a sample is decoded to before conversion (e.g. uint8 images)."),
-    click.option("--transform-copies", type=click.IntRange(min=0), default=0, show_default=True,
-                 help="Full-size intermediate copies a transform makes per sample."),
-    click.option("--num-workers", type=click.IntRange(min=0),
-                 help="DataLoader workers to report [default: the recommended count]."),
-    click.option("--prefetch-factor", type=click.IntRange(min=1), default=2, show_default=True),
-    click.option("--pin-memory/--no-pin-memory", default=False, show_default=True),
-    click.option("--persistent-workers", is_flag=True),
-    click.option("--start-method", type=_choice(StartMethod), default="fork", show_default=True),
-    click.option("--dataset", help="package.module:callable returning your Dataset: measure a "
-                                   "real worker (PSS) instead of the shape arithmetic."),
-    click.option("--input-key", help="Field of a tuple/dict sample that is the model input."),
-    click.option("--dataset-ram", type=SizeType(), help="RAM of an in-memory dataset object."),
-    click.option("--python-objects", is_flag=True,
-                 help="The dataset is Python objects (lists, dicts): forked workers copy it."),
-    click.option("--probe-seconds", type=click.FloatRange(min=1), default=60, show_default=True,
-                 help="Time budget of the measured worker run."),
-    click.option("--host-headroom", type=FractionType(), default="5%", show_default=True,
-                 help="Share of the RAM limit kept free."),
-    click.option("--cpus", type=click.IntRange(min=1), help="CPUs of the job [default: detected]."),
-    click.option("--ram", type=SizeType(), help="RAM of the node, e.g. 188GB [default: detected]."),
-    click.option("--mem-per-cpu", type=SizeType(), help="SLURM --mem-per-cpu (needs --cpus)."),
-    click.option("--shm", type=SizeType(), help="/dev/shm size [default: detected; unchecked "
-                                                "when --ram is given]."),
-]
-
-
-def _host_options(command):
-    for option in reversed(_HOST_OPTIONS):
-        command = option(command)
-    return command
-
-
-def _loader_and_machine(options: dict) -> tuple[LoaderSpec, MachineSpec]:
-    """Split the host options into the loader and the machine specs."""
-    machine = machine_from_options(options.pop("cpus"), options.pop("ram"),
-                                   options.pop("mem_per_cpu"), options.pop("shm"))
-    loader = LoaderSpec(
-        num_workers=options.pop("num_workers"), prefetch_factor=options.pop("prefetch_factor"),
-        pin_memory=options.pop("pin_memory"), persistent_workers=options.pop("persistent_workers"),
-        start_method=options.pop("start_method"), sample_dtype=options.pop("sample_dtype"),
-        raw_dtype=options.pop("raw_dtype"), transform_copies=options.pop("transform_copies"),
-        dataset_bytes=options.pop("dataset_ram") or 0,
-        dataset_python_objects=options.pop("python_objects"), dataset=options.pop("dataset"),
-        input_key=options.pop("input_key"), probe_seconds=options.pop("probe_seconds"),
-        headroom_fraction=options.pop("host_headroom"))
-    return loader, machine
-
-
-@contextmanager
-def _worker_progress(enabled: bool):
-    """A spinner on stderr while a real worker is measured; yields the progress callback."""
-    if not enabled:
-        yield None
-        return
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("measuring a real DataLoader worker")
-
-        def update(batches: int, worker_bytes: int) -> None:
-            progress.update(task, description=f"measuring a real DataLoader worker: batch "
-                                              f"{batches}, worker {format_bytes(worker_bytes)}")
-        yield update
 
 
 @click.group()
@@ -190,59 +34,27 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
+
 @main.command()
-@click.option("--model", "model_name", required=True,
-              help="Zoo name (see `memcalc models`) or package.module:callable returning an nn.Module.")
-@click.option("--model-arg", "model_args", type=ModelArgType(), multiple=True,
-              help="Keyword argument for the model builder, e.g. --model-arg depth=50 (repeatable).")
-@click.option("--shape", type=ShapeType(), help="Per-sample shape, comma separated (no batch axis).")
-@click.option("--layout", type=_choice(Layout), default="auto", show_default=True,
-              help="Where the channel axis is; auto checks against the first layer.")
-@click.option("--input-dtype", type=click.Choice(list(INPUT_DTYPES)),
-              help="dtype of the input batch [default: the zoo model's, else float32].")
-@click.option("--batch-size", type=click.IntRange(min=1),
-              help="Batch to report [default: the planned largest with --gpu/--gpu-memory, else 1].")
-@click.option("--loss", type=_choice(LossKind), default="cross-entropy", show_default=True)
-@click.option("--optimizer", type=click.Choice(optimizer_names()), default="adam", show_default=True)
-@click.option("--optimizer-impl", type=_choice(OptimizerImpl), default="default", show_default=True,
-              help="torch.optim implementation; default = foreach on CUDA, for-loop on CPU.")
-@click.option("--zero-grad", type=click.Choice(["none", "zeros"]), default="none", show_default=True,
-              help="zero_grad(set_to_none=True) frees gradients; 'zeros' keeps them (torch < 2.0).")
-@click.option("--precision", type=_choice(Precision), default="fp32", show_default=True)
-@click.option("--device", type=_choice(DeviceKind), default="cuda", show_default=True)
-@click.option("--gpu", help="GPU from `memcalc gpus` (case-insensitive), e.g. H100-80GB.")
-@click.option("--gpu-memory", type=SizeType(),
-              help="Capacity to plan for, e.g. 24GiB (binary) or 24GB (decimal); overrides --gpu's.")
-@click.option("--headroom", type=FractionType(), default="5%", show_default=True,
-              help="Share of capacity kept free for what is not modelled.")
-@click.option("--cuda-module-loading", type=_choice(ModuleLoading), default="lazy",
-              show_default=True, help="CUDA_MODULE_LOADING (eager before CUDA 11.7).")
+@model_options
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG of predicted memory against batch size (needs a capacity).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
-@_host_options
+@host_options
 @click.pass_context
-def estimate(ctx, model_name, model_args, shape, layout, input_dtype, batch_size, loss,
-             optimizer, optimizer_impl, zero_grad, precision, device, gpu, gpu_memory, headroom,
-             cuda_module_loading, plot_path, as_json, show_layers, **host_options) -> None:
+def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
     """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest
     batch; host RAM and the DataLoader workers that fit."""
     from memcalc.pipeline import estimate as run_estimate
     from memcalc.render import print_report
 
     def work():
-        loader, machine = _loader_and_machine(host_options)
-        spec = TrainingSpec(model=model_name, model_args=dict(model_args), sample_shape=shape,
-                            layout=layout, input_dtype=input_dtype, batch_size=batch_size,
-                            loss=loss, optimizer=optimizer, optimizer_impl=optimizer_impl,
-                            zero_grad_to_none=zero_grad == "none", precision=precision,
-                            device=device, gpu=gpu, gpu_memory_bytes=gpu_memory,
-                            headroom_fraction=headroom, cuda_module_loading=cuda_module_loading,
-                            loader=loader, machine=machine)
-        if plot_path and gpu is None and gpu_memory is None:
+        loader, machine = loader_and_machine(options)
+        spec = training_spec(options, loader, machine)
+        if plot_path and spec.gpu is None and spec.gpu_memory_bytes is None:
             raise InputError(NEEDS_CAPACITY)   # before the traces, not after
-        with _worker_progress(loader.dataset is not None and not as_json) as progress:
+        with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
         if plot_path:
             plot_batch_plan(report, plot_path)
@@ -257,12 +69,57 @@ def estimate(ctx, model_name, model_args, shape, layout, input_dtype, batch_size
 
 
 @main.command()
+@model_options
+@click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), default=1, show_default=True,
+              help="GPUs per node the job may use.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--global-batch", type=click.IntRange(min=1),
+              help="Samples per optimizer step to reach (gradient accumulation fills the gap).")
+@click.option("--interconnect", type=enum_choice(Interconnect), default="nvlink", show_default=True,
+              help="Link between the GPUs of a node; InfiniBand between nodes.")
+@click.option("--mfu", type=click.FloatRange(min=0.01, max=1), default=0.4, show_default=True,
+              help="Share of peak FLOP/s a training step reaches.")
+@click.option("--bucket-view", is_flag=True, help="DDP gradient_as_bucket_view=True.")
+@click.option("--strategy", "forced", type=enum_choice(Strategy), help="Recommend this strategy.")
+@click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
+              help="Print only the launch file for the recommended strategy.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
+@host_options
+@click.pass_context
+def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, mfu, bucket_view, forced, emit,
+         as_json, **options) -> None:
+    """Which strategy to use: each traced or derived, ranked, with launch files."""
+    from memcalc.render_plan import plan_renderable
+    from memcalc.strategies import ClusterSpec, plan_strategies
+
+    def work():
+        loader, machine = loader_and_machine(options)
+        spec = training_spec(options, loader, machine)
+        cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, global_batch=global_batch,
+                              interconnect=interconnect, mfu=mfu,
+                              gradient_as_bucket_view=bucket_view, strategy=forced)
+        result = plan_strategies(spec, cluster)
+        if emit == "torchrun":
+            click.echo(result.torchrun or "")
+        elif emit == "slurm":
+            click.echo("\n".join(result.slurm or []))
+        elif as_json:
+            click.echo(result.model_dump_json(indent=2))
+        else:
+            Console().print(plan_renderable(result))
+        if result.recommended is None and forced is None:
+            sys.exit(1)
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
 @click.option("--shape", type=ShapeType(), help="Per-sample shape as the Dataset yields it.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--device", type=_choice(DeviceKind), default="cuda", show_default=True,
+@click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True,
               help="Where training runs (cuda adds the CUDA host context and pinning).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
-@_host_options
+@host_options
 @click.pass_context
 def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
     """Host RAM of the training process and the DataLoader workers that fit (no model)."""
@@ -270,10 +127,10 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
     from memcalc.render_host import host_renderable
 
     def work():
-        loader, machine = _loader_and_machine(host_options)
+        loader, machine = loader_and_machine(host_options)
         spec = HostSpec(sample_shape=shape, batch_size=batch_size, loader=loader,
                         machine=machine, cuda=device == DeviceKind.CUDA.value)
-        with _worker_progress(loader.dataset is not None and not as_json) as progress:
+        with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = (measured_host_estimate(spec, progress=progress) if loader.dataset
                       else host_estimate(spec))
         if as_json:

@@ -173,3 +173,23 @@ def test_estimate_with_a_dataset_reads_the_shape_from_its_first_item():
     host = report["host"]
     assert host["measured"] and host["spec"]["sample_shape"] == [64]
     assert host["measurement"]["dataset_bytes"] > 50 * 2**20
+
+
+def test_plan_needs_a_gpu_and_says_so_in_one_line():
+    result = CliRunner().invoke(main, ["plan", *TINY_MLP])
+    assert result.exit_code == 2
+    assert result.stderr.strip() == ("Error: the strategy planner needs a GPU for capacity and "
+                                     "speed: give --gpu (see `memcalc gpus`)")
+
+
+def test_plan_emits_the_launch_line_of_the_recommendation():
+    args = ["plan", *TINY_MLP, "--gpu", "T4", "--gpus", "4", "--cpus", "8", "--ram", "64GB"]
+    torchrun = CliRunner().invoke(main, [*args, "--emit", "torchrun"])
+    assert torchrun.exit_code == 0, torchrun.output
+    assert torchrun.stdout.strip() == "torchrun --nnodes=1 --nproc-per-node=4 --standalone train.py"
+    slurm = CliRunner().invoke(main, [*args, "--emit", "slurm"]).stdout.splitlines()
+    assert slurm[0] == "#!/bin/bash" and "#SBATCH --gres=gpu:4" in slurm
+    assert "#SBATCH --cpus-per-task=8" in slurm    # 4 processes × (1 worker + 1) on 8 CPUs
+    plan = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)
+    assert plan["recommended"] and {c["strategy"] for c in plan["candidates"]} >= {
+        "baseline", "ddp", "fsdp", "pipeline", "accumulation"}

@@ -6,6 +6,7 @@ import math
 import os
 import platform
 
+from memcalc.errors import InputError
 from memcalc.host.arithmetic import (
     HELD_BATCH,
     TORCH_PROCESS_BYTES,
@@ -17,7 +18,6 @@ from memcalc.host.arithmetic import (
     sample_bytes,
     worker_terms,
 )
-from memcalc.errors import InputError
 from memcalc.host.report import HostReport, WorkerMeasurement
 from memcalc.host.specs import HostSpec, StartMethod
 from memcalc.units import format_bytes

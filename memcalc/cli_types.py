@@ -1,0 +1,86 @@
+"""Click parameter types of the command line: shapes, sizes, fractions, key=value."""
+
+from __future__ import annotations
+
+import click
+
+from memcalc.units import parse_size
+
+
+class ShapeType(click.ParamType):
+    """``834,224,834,3`` → (834, 224, 834, 3); every dimension a positive integer."""
+
+    name = "shape"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = [part.strip() for part in str(value).split(",") if part.strip()]
+        try:
+            dims = tuple(int(part) for part in parts)
+        except ValueError:
+            self.fail(f"shape must be positive integers separated by commas (e.g. 3,224,224), "
+                      f"got {value!r}", param, ctx)
+        if not dims or any(dim <= 0 for dim in dims):
+            self.fail(f"shape dimensions must be positive integers, got {value!r}", param, ctx)
+        return dims
+
+
+class ModelArgType(click.ParamType):
+    """``depth=50`` → ("depth", 50); values parsed as int, float, bool or string."""
+
+    name = "key=value"
+
+    def convert(self, value, param, ctx):
+        key, sep, raw = str(value).partition("=")
+        if not sep or not key.strip():
+            self.fail(f"model argument must look like key=value, got {value!r}", param, ctx)
+        return key.strip(), parse_scalar(raw.strip())
+
+
+class SizeType(click.ParamType):
+    """``24GiB`` (binary) or ``24GB`` (decimal) → bytes."""
+
+    name = "size"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_size(value)
+        except ValueError as error:
+            self.fail(str(error), param, ctx)
+
+
+class FractionType(click.ParamType):
+    """``0.05`` or ``5%`` → 0.05, in [0, 1)."""
+
+    name = "fraction"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float):
+            return value
+        text = str(value).strip()
+        try:
+            fraction = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            self.fail(f"headroom must be a fraction like 0.05 or a percentage like 5%, got {value!r}",
+                      param, ctx)
+        if not 0 <= fraction < 1:
+            self.fail(f"headroom must be at least 0 and below 100%, got {value!r}", param, ctx)
+        return fraction
+
+
+def parse_scalar(raw: str) -> int | float | bool | str:
+    if raw.lower() in ("true", "false"):
+        return raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw
+
+
+def enum_choice(enum_type) -> click.Choice:
+    return click.Choice([member.value for member in enum_type], case_sensitive=False)

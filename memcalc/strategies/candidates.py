@@ -1,0 +1,202 @@
+"""The candidates: single-GPU variants traced on their own, distributed ones derived in
+closed form from a traced variant's linear batch model."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from memcalc.errors import TraceError
+from memcalc.gpus import GpuSpec
+from memcalc.pipeline import estimate, training_flops
+from memcalc.report import Report
+from memcalc.specs import Precision, TrainingSpec
+from memcalc.strategies.cost import (
+    all_reduce_seconds,
+    bandwidth_bytes_per_s,
+    compute_seconds,
+    fsdp_seconds,
+)
+from memcalc.strategies.report import Candidate
+from memcalc.strategies.sharding import (
+    ZERO_STAGE,
+    ModelStates,
+    ddp_bucket_bytes,
+    gathered_unit_bytes,
+    sharded_state_bytes,
+)
+from memcalc.strategies.specs import ClusterSpec, Strategy
+
+DISTRIBUTED = (Strategy.DDP, Strategy.DATA_PARALLEL, Strategy.ZERO1, Strategy.ZERO2,
+               Strategy.FSDP, Strategy.PIPELINE)
+
+
+@dataclass(frozen=True)
+class TracedVariant:
+    """One single-GPU configuration, traced and planned."""
+
+    strategy: Strategy
+    spec: TrainingSpec
+    report: Report
+    flops_per_sample: float
+
+    @property
+    def label(self) -> str:
+        return self.strategy.value
+
+
+def traced_variant(strategy: Strategy, spec: TrainingSpec) -> TracedVariant:
+    report = estimate(spec.with_changes(batch_size=None))
+    try:
+        flops = float(training_flops(spec, 1))
+    except TraceError:
+        flops = 0.0
+    return TracedVariant(strategy, spec, report, flops)
+
+
+def mixed_precision_for(gpu: GpuSpec) -> Precision:
+    """bf16 autocast where the card has bf16 tensor cores (Ampere on), else fp16."""
+    return Precision.BF16_MIXED if gpu.bf16_tflops else Precision.FP16_MIXED
+
+
+def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec) -> Candidate:
+    plan = variant.report.device.plan
+    micro = plan.max_batch_size
+    steps, global_batch = _accumulation(cluster.global_batch, micro, 1)
+    peak = variant.report.device.total_bytes      # traced at the planned batch (or at 1)
+    compute = steps * compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
+                                      variant.spec.precision, cluster.mfu)
+    notes = []
+    if steps > 1 and variant.strategy is not Strategy.ACCUMULATION:
+        notes.append("accumulating needs the gradients kept between micro-batches; see the "
+                     "'accumulation' candidate for that peak")
+    return _candidate(variant.strategy, variant.label, 1, "traced", peak, micro, steps,
+                      global_batch, variant.flops_per_sample * max(micro, 1) * steps, compute,
+                      0.0, notes)
+
+
+@dataclass(frozen=True)
+class _Line:
+    """bytes(b) = fixed + per_sample × b."""
+
+    fixed: float
+    per_sample: float
+
+    def at(self, batch: int) -> float:
+        return self.fixed + self.per_sample * batch
+
+    def largest_batch(self, budget: float) -> int:
+        if self.per_sample <= 0:
+            return 1 << 24 if self.fixed <= budget else 0
+        return max(0, math.floor((budget - self.fixed) / self.per_sample))
+
+
+def _lines(base: TracedVariant) -> tuple[_Line, _Line, float]:
+    """The traced compute and optimizer-step lines (live tensor bytes) and the allocator's
+    reserve ratio, from the base's two fitted plan points."""
+    plan = base.report.device.plan
+    points = {point.batch_size: point for point in plan.points}
+    low, high = (points[b] for b in plan.fit_batches)
+    span = high.batch_size - low.batch_size
+
+    def line(field: str) -> _Line:
+        slope = (getattr(high, field) - getattr(low, field)) / span
+        return _Line(getattr(low, field) - slope * low.batch_size, slope)
+
+    context = base.report.device.context_bytes or 0
+    reserve = (high.total_bytes - context) / high.allocated_bytes
+    return line("compute_peak_bytes"), line("optimizer_peak_bytes"), reserve
+
+
+def distributed_candidate(strategy: Strategy, base: TracedVariant, gpus: int,
+                          cluster: ClusterSpec, gpu: GpuSpec, states: ModelStates) -> Candidate:
+    """``strategy`` over ``gpus`` GPUs, derived from ``base``'s traced compute and optimizer
+    lines: sharded states leave both, the optimizer's temporaries shrink with the shard."""
+    device, plan = base.report.device, base.report.device.plan
+    compute, step, reserve = _lines(base)
+    context = device.context_bytes or 0
+    notes: list[str] = []
+    data_ranks = gpus
+    if strategy is Strategy.DDP:
+        buckets = ddp_bucket_bytes(states, cluster.gradient_as_bucket_view)
+        compute, step = _shift(compute, buckets), _shift(step, buckets)
+        notes.append("gradient buckets: a flat copy of the gradients"
+                     if not cluster.gradient_as_bucket_view else "gradient_as_bucket_view")
+    elif strategy in (Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP):
+        stage = ZERO_STAGE[strategy.value]
+        sharded = sharded_state_bytes(states, gpus, stage)
+        unsharded = 1 - 1 / gpus
+        # forward/backward: sharded optimizer state (and parameters at stage 3) leave; the
+        # gathered units join; gradients are conservatively kept as traced
+        compute = _shift(compute, gathered_unit_bytes(states, stage) - unsharded * (
+            states.optimizer_state_bytes + (states.parameter_bytes if stage >= 3 else 0)))
+        # optimizer step: only the shard is stepped, so its temporaries shrink too
+        step = _Line(sharded + (step.fixed - states.total_bytes) / gpus, step.per_sample)
+    elif strategy is Strategy.DATA_PARALLEL:
+        per_input_sample = base.report.static.input_batch_bytes / max(device.batch_size, 1)
+        compute = _Line(compute.fixed, compute.per_sample + (gpus - 1) * per_input_sample)
+        notes.append("legacy nn.DataParallel: GPU0 scatters every GPU's inputs and gathers "
+                     "outputs; one process, slower than DDP")
+    elif strategy is Strategy.PIPELINE:
+        compute = _Line(compute.fixed / gpus, compute.per_sample)
+        step = _Line(step.fixed / gpus, step.per_sample)
+        data_ranks = 1
+        notes.append(f"{gpus} stages; the first stage keeps {gpus} micro-batches of its "
+                     "layers' activations (1F1B), about one full micro-batch")
+    budget = (plan.usable_bytes - context) / reserve
+    micro = min(compute.largest_batch(budget), step.largest_batch(budget), 1 << 24)
+    peak = int(max(compute.at(max(micro, 1)), step.at(max(micro, 1))) * reserve + context)
+    steps, global_batch = _accumulation(cluster.global_batch, micro, data_ranks)
+    if strategy is Strategy.PIPELINE and micro >= 1:
+        steps = max(steps, 2 * gpus)       # micro-batches in flight keep the bubble small
+        global_batch = steps * micro
+    flops = base.flops_per_sample * max(micro, 1) * steps * data_ranks
+    compute_s = _distributed_compute(strategy, base, flops, gpus, steps, cluster, gpu)
+    communication = _communication(strategy, states, gpus, bandwidth_bytes_per_s(cluster, gpus))
+    label = strategy.value if base.strategy is Strategy.BASELINE else (
+        f"{strategy.value} + {base.label}")
+    return _candidate(strategy, label, gpus, f"derived from {base.label}", peak, micro, steps,
+                      global_batch, flops, compute_s, communication, notes)
+
+
+def _shift(line: _Line, nbytes: float) -> _Line:
+    return _Line(line.fixed + nbytes, line.per_sample)
+
+
+def _distributed_compute(strategy, base, flops, gpus, steps, cluster, gpu) -> float:
+    per_gpu = compute_seconds(flops / gpus, gpu, base.spec.precision, cluster.mfu)
+    if strategy is Strategy.PIPELINE:
+        return per_gpu * (steps + gpus - 1) / steps      # the pipeline bubble
+    return per_gpu
+
+
+def _communication(strategy: Strategy, states: ModelStates, gpus: int, bandwidth: float) -> float:
+    if strategy in (Strategy.DDP, Strategy.DATA_PARALLEL, Strategy.ZERO1, Strategy.ZERO2):
+        return all_reduce_seconds(states.gradient_bytes, gpus, bandwidth)
+    if strategy is Strategy.FSDP:
+        return fsdp_seconds(states.parameter_bytes, states.gradient_bytes, gpus, bandwidth)
+    return 0.0   # pipeline: activations between stages, small next to the states
+
+
+def _accumulation(global_batch: int | None, micro: int, ranks: int) -> tuple[int, int]:
+    if micro < 1:
+        return 1, 0
+    if global_batch is None:
+        return 1, micro * ranks
+    steps = math.ceil(global_batch / (micro * ranks))
+    return steps, steps * micro * ranks
+
+
+def _peak(model_bytes: int, per_sample: int, micro: int) -> int:
+    return model_bytes + max(micro, 1) * per_sample
+
+
+def _candidate(strategy, label, gpus, method, peak, micro, steps, global_batch, flops, compute,
+               communication, notes) -> Candidate:
+    step_time = compute + communication
+    return Candidate(
+        strategy=strategy, label=label, gpus=gpus, method=method, per_gpu_peak_bytes=peak,
+        max_batch_size=micro, accumulation_steps=steps, global_batch_size=global_batch,
+        flops_per_step=flops, compute_s=compute, communication_s=communication,
+        step_time_s=step_time, samples_per_s=global_batch / step_time if step_time else 0.0,
+        fits=micro >= 1, notes=notes)

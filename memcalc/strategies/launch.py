@@ -1,0 +1,64 @@
+"""Launch artefacts for the recommended strategy: a torchrun command and a SLURM header
+consistent with the host plan (workers and RAM per training process)."""
+
+from __future__ import annotations
+
+import math
+
+from memcalc.host.plan import host_estimate
+from memcalc.host.report import HostReport
+from memcalc.strategies.report import Candidate
+from memcalc.strategies.specs import ClusterSpec
+
+GPUS_PER_NODE_BEYOND_GIVEN = 8
+SCRIPT = "train.py"
+
+
+def node_layout(candidate: Candidate, cluster: ClusterSpec) -> tuple[int, int]:
+    """(nodes, GPUs per node) the candidate runs on."""
+    if candidate.gpus <= cluster.gpus:
+        per_node = min(candidate.gpus, cluster.gpus_per_node)
+    else:
+        per_node = min(candidate.gpus, max(cluster.gpus_per_node, GPUS_PER_NODE_BEYOND_GIVEN))
+    return math.ceil(candidate.gpus / per_node), per_node
+
+
+def torchrun_command(candidate: Candidate, cluster: ClusterSpec, script: str = SCRIPT) -> str:
+    nodes, per_node = node_layout(candidate, cluster)
+    rendezvous = (" --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500"
+                  if nodes > 1 else " --standalone")
+    return f"torchrun --nnodes={nodes} --nproc-per-node={per_node}{rendezvous} {script}"
+
+
+def per_process_host(host: HostReport, processes: int) -> HostReport:
+    """The host plan of one of ``processes`` training processes sharing the node equally."""
+    machine = host.spec.machine
+    if processes == 1:
+        return host
+    share = machine.model_copy(update={
+        "cpus": max(1, machine.cpus // processes),
+        "ram_bytes": machine.limit_bytes // processes, "mem_per_cpu_bytes": None,
+        "shm_bytes": machine.shm_bytes // processes if machine.shm_bytes else None})
+    loader = host.spec.loader.model_copy(update={"num_workers": None})
+    return host_estimate(host.spec.model_copy(update={"machine": share, "loader": loader}),
+                         host.measurement)
+
+
+def slurm_header(candidate: Candidate, cluster: ClusterSpec, host: HostReport | None,
+                 script: str = SCRIPT) -> list[str]:
+    """One task per node running torchrun; CPUs and memory for every process's workers."""
+    nodes, per_node = node_layout(candidate, cluster)
+    lines = ["#!/bin/bash", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --gres=gpu:{per_node}"]
+    if host is not None:
+        share = per_process_host(host, per_node)
+        cpus_per_process = share.recommended_num_workers + 1
+        mem_per_cpu = share.sbatch[1].split("=", 1)[1]
+        lines += [f"#SBATCH --cpus-per-task={per_node * cpus_per_process}",
+                  f"#SBATCH --mem-per-cpu={mem_per_cpu}",
+                  f"# {cpus_per_process - 1} DataLoader workers per GPU process, "
+                  f"{per_node} processes per node sharing its {share.spec.machine.cpus * per_node}"
+                  " CPUs and RAM (host plan)"]
+    lines += ["export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
+              "srun " + torchrun_command(candidate, cluster, script)]
+    return lines

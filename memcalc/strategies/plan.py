@@ -1,0 +1,180 @@
+"""The strategy planner: trace the single-GPU variants, derive the distributed ones, rank
+them, recommend one with its reason, and write how to launch it."""
+
+from __future__ import annotations
+
+from memcalc.checkpointing import repeated_blocks
+from memcalc.errors import InputError
+from memcalc.gpus import find_gpu
+from memcalc.model_source import resolve_model
+from memcalc.pipeline import estimate
+from memcalc.specs import DeviceKind, Precision, TrainingSpec
+from memcalc.strategies.candidates import (
+    DISTRIBUTED,
+    TracedVariant,
+    distributed_candidate,
+    mixed_precision_for,
+    single_gpu_candidate,
+    traced_variant,
+)
+from memcalc.strategies.launch import slurm_header, torchrun_command
+from memcalc.strategies.report import Candidate, StrategyPlan
+from memcalc.strategies.sharding import ModelStates, largest_unit_fraction
+from memcalc.strategies.specs import ClusterSpec, Strategy
+from memcalc.units import format_bytes
+
+_MIXED = (Precision.BF16_MIXED, Precision.FP16_MIXED)
+CROP_SEARCH_TRACES = 7
+
+
+def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
+    """Every strategy for ``spec`` on ``cluster``'s GPUs; needs ``spec.gpu``."""
+    if spec.gpu is None or spec.device is not DeviceKind.CUDA:
+        raise InputError("the strategy planner needs a GPU for capacity and speed: give --gpu "
+                         "(see `memcalc gpus`)")
+    gpu = find_gpu(spec.gpu)
+    model = resolve_model(spec.model, spec.model_args).build_meta()
+    variants = _traced_variants(spec, gpu, bool(repeated_blocks(model)))
+    baseline = variants[0]
+    candidates = [single_gpu_candidate(v, cluster, gpu) for v in variants]
+    leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
+                                           v.report.device.plan.model_bytes))
+    bases = [baseline] if leanest is baseline else [baseline, leanest]
+    for base in bases:
+        states = _states(base, largest_unit_fraction(model))
+        for strategy in DISTRIBUTED:
+            candidates.append(_at_fitting_size(strategy, base, cluster, gpu, states))
+    ranked = sorted(candidates, key=lambda c: _rank_key(c, cluster))
+    chosen = _choose(ranked, cluster)
+    usable = baseline.report.device.plan.usable_bytes
+    host = baseline.report.host
+    crop = None if chosen or cluster.strategy else largest_fitting_sample(leanest, usable)
+    return StrategyPlan(
+        cluster=cluster, usable_bytes=usable, candidates=ranked,
+        recommended=chosen.label if chosen else None, reason=_reason(chosen, ranked, cluster, usable),
+        torchrun=torchrun_command(chosen, cluster) if chosen else None,
+        slurm=slurm_header(chosen, cluster, host) if chosen else None,
+        assumptions=_assumptions(spec, cluster, model),
+        largest_sample_shape=crop,
+        largest_sample_strategy=leanest.label if crop else None,
+    )
+
+
+def largest_fitting_sample(variant: TracedVariant, usable: int) -> tuple[int, ...] | None:
+    """When nothing fits: the largest sample, every non-channel axis scaled by one factor
+    (multiples of 16 from 32 on), whose batch of one fits with ``variant`` (traced)."""
+    spec, report = variant.spec, variant.report
+    shape = spec.sample_shape or tuple(report.input.traced_batch_shape[1:])
+    channel_axis = {"channels-last": len(shape) - 1, "channels-first": 0}.get(report.input.layout)
+
+    def scaled(factor: float) -> tuple[int, ...]:
+        return tuple(dim if axis == channel_axis else _round_dim(dim * factor)
+                     for axis, dim in enumerate(shape))
+
+    def fits(candidate: tuple[int, ...]) -> bool:
+        trial = spec.with_changes(sample_shape=candidate, batch_size=1, gpu=None,
+                                  gpu_memory_bytes=None)
+        return estimate(trial).device.total_bytes <= usable
+
+    low, high, best = 0.0, 1.0, None
+    for _ in range(CROP_SEARCH_TRACES):
+        factor = (low + high) / 2
+        candidate = scaled(factor)
+        if fits(candidate):
+            low, best = factor, candidate
+        else:
+            high = factor
+    return best
+
+
+def _round_dim(value: float) -> int:
+    return max(16, int(value) // 16 * 16) if value >= 32 else max(1, int(value))
+
+
+def _traced_variants(spec: TrainingSpec, gpu, has_blocks: bool) -> list[TracedVariant]:
+    variants = [traced_variant(Strategy.BASELINE, spec)]
+    mixed = spec.precision if spec.precision in _MIXED else mixed_precision_for(gpu)
+    if spec.precision not in _MIXED:
+        variants.append(traced_variant(Strategy.MIXED_PRECISION, spec.with_changes(precision=mixed)))
+    if has_blocks and not spec.activation_checkpointing:
+        variants.append(traced_variant(Strategy.CHECKPOINTING,
+                                       spec.with_changes(activation_checkpointing=True)))
+        variants.append(traced_variant(Strategy.MIXED_PRECISION_CHECKPOINTING, spec.with_changes(
+            activation_checkpointing=True, precision=mixed)))
+    variants.append(traced_variant(Strategy.ACCUMULATION, spec.with_changes(
+        zero_grad_to_none=False)))
+    return variants
+
+
+def _states(base: TracedVariant, unit_fraction: float) -> ModelStates:
+    static = base.report.static
+    return ModelStates(parameter_bytes=static.parameter_bytes,
+                       gradient_bytes=static.gradient_bytes,
+                       optimizer_state_bytes=static.optimizer_state_bytes,
+                       largest_unit_parameter_bytes=int(static.parameter_bytes * unit_fraction))
+
+
+def _at_fitting_size(strategy, base, cluster, gpu, states) -> Candidate:
+    """On the GPUs given; with one GPU given, the fewest GPUs (powers of two) that fit."""
+    if cluster.gpus > 1:
+        return distributed_candidate(strategy, base, cluster.gpus, cluster, gpu, states)
+    gpus, candidate = 2, None
+    while gpus <= cluster.max_gpus:
+        candidate = distributed_candidate(strategy, base, gpus, cluster, gpu, states)
+        if candidate.fits or strategy in (Strategy.DDP, Strategy.DATA_PARALLEL, Strategy.ZERO1):
+            return candidate   # replicated states: more GPUs never make these fit
+        gpus *= 2
+    return candidate
+
+
+def _rank_key(candidate: Candidate, cluster: ClusterSpec) -> tuple:
+    """Fitting first; on the GPUs given, fastest first; beyond them, fewest GPUs first."""
+    beyond = candidate.gpus > cluster.gpus
+    return (not candidate.fits, beyond, candidate.gpus if beyond else 0,
+            -candidate.samples_per_s)
+
+
+def _choose(ranked: list[Candidate], cluster: ClusterSpec) -> Candidate | None:
+    if cluster.strategy is not None:
+        forced = [c for c in ranked if c.strategy is cluster.strategy]
+        return forced[0] if forced else None
+    return ranked[0] if ranked and ranked[0].fits else None
+
+
+def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterSpec,
+            usable: int) -> str:
+    if chosen is None:
+        best = min(ranked, key=lambda c: c.per_gpu_peak_bytes)
+        return (f"nothing fits in {format_bytes(usable)} per GPU on up to {cluster.max_gpus} "
+                f"GPUs: one sample needs {format_bytes(best.per_gpu_peak_bytes)} per GPU at "
+                f"least ({best.label}); the activations of one sample do not shard — train on "
+                "crops (largest_sample_shape) or use a larger GPU")
+    if cluster.strategy is not None:
+        return f"forced by --strategy {cluster.strategy.value}" + (
+            "" if chosen.fits else f"; it does NOT fit ({format_bytes(chosen.per_gpu_peak_bytes)} "
+            f"per GPU > {format_bytes(usable)})")
+    fitting = sum(c.fits for c in ranked)
+    where = (f"on the {cluster.gpus} GPU(s) given" if chosen.gpus <= cluster.gpus
+             else f"needs {chosen.gpus} GPUs: nothing fits on {cluster.gpus}")
+    return (f"{chosen.label}: {chosen.max_batch_size} samples per GPU fit "
+            f"({format_bytes(chosen.per_gpu_peak_bytes)} of {format_bytes(usable)} usable), "
+            f"{chosen.samples_per_s:,.1f} samples/s {where}; the fastest of the {fitting} "
+            "candidates that fit")
+
+
+def _assumptions(spec: TrainingSpec, cluster: ClusterSpec, model) -> list[str]:
+    blocks = repeated_blocks(model)
+    return [
+        "single-GPU candidates are traced (their own batch plan); distributed ones are derived "
+        "from a traced candidate's line total(b) = model_bytes + b × per_sample_bytes",
+        f"checkpointing wraps {len(blocks)} repeated blocks"
+        + (f" ({blocks[0]} … {blocks[-1]})" if blocks else " (none found: not applicable)"),
+        f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "
+        f"(catalog peak for the precision × MFU {cluster.mfu:.0%}); communication not overlapped",
+        "FSDP = ZeRO-3 with one unit per repeated block plus the root; two units gathered at once "
+        "(prefetch) and one unit's gradients before the reduce-scatter",
+        "NCCL communicator buffers, DDP's first-iteration bucket rebuild and pipeline activation "
+        "transfers are not modelled",
+        f"when one GPU is given, distributed strategies are sized to the fewest GPUs (powers of "
+        f"two up to {cluster.max_gpus}) that fit; 8 GPUs per node beyond one node",
+    ]

@@ -1,0 +1,56 @@
+"""What the strategy planner found (JSON field ``plan``). Bytes are integers."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from memcalc.strategies.specs import ClusterSpec, Strategy
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class Candidate(BaseModel):
+    """One strategy with its per-GPU memory, batch and step time."""
+
+    model_config = _FROZEN
+
+    strategy: Strategy
+    label: str
+    """The strategy and what it is combined with, e.g. ``fsdp + mixed-precision``."""
+    gpus: int
+    method: str
+    """``traced`` (its own traced steps) or ``derived from <label>`` (closed form on a trace)."""
+    per_gpu_peak_bytes: int
+    """Predicted per-GPU total (nvidia-smi) at ``max_batch_size``, or at batch 1 when it does
+    not fit."""
+    max_batch_size: int
+    """Largest micro-batch per GPU that fits (0: not even one sample)."""
+    accumulation_steps: int
+    global_batch_size: int
+    flops_per_step: float
+    compute_s: float
+    communication_s: float
+    step_time_s: float
+    """Time of one optimizer step at ``global_batch_size``: compute + communication."""
+    samples_per_s: float
+    fits: bool
+    notes: list[str]
+
+
+class StrategyPlan(BaseModel):
+    """Every candidate, the recommendation with its reason, and how to launch it."""
+
+    model_config = _FROZEN
+
+    cluster: ClusterSpec
+    usable_bytes: int
+    candidates: list[Candidate]
+    recommended: str | None
+    """The ``label`` of the recommended candidate; None when nothing fits."""
+    reason: str
+    torchrun: str | None
+    slurm: list[str] | None
+    assumptions: list[str]
+    largest_sample_shape: tuple[int, ...] | None = None
+    """When nothing fits: the largest proportionally cropped sample that fits at batch 1."""
+    largest_sample_strategy: str | None = None

@@ -1,0 +1,65 @@
+"""How many GPUs, how they are linked, what batch the run needs: inputs of the planner."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Interconnect(str, Enum):
+    """The link gradients and parameters travel over between GPUs."""
+
+    NVLINK = "nvlink"
+    PCIE = "pcie"
+    INFINIBAND = "infiniband"
+    ETHERNET = "ethernet"
+
+
+INTERCONNECT_GBPS = {
+    Interconnect.NVLINK: 300.0,
+    Interconnect.PCIE: 20.0,
+    Interconnect.INFINIBAND: 22.0,
+    Interconnect.ETHERNET: 2.5,
+}
+"""Collective bus bandwidth per GPU, GB/s (10⁹), as nccl-tests report it: NVLink 4 (H100
+SXM, ~360 measured, rounded down), PCIe 4.0 x16 through the host, 200 Gb/s HDR InfiniBand
+(one NIC per GPU), 25 GbE."""
+
+
+class Strategy(str, Enum):
+    BASELINE = "baseline"
+    MIXED_PRECISION = "mixed-precision"
+    CHECKPOINTING = "checkpointing"
+    MIXED_PRECISION_CHECKPOINTING = "mixed-precision+checkpointing"
+    ACCUMULATION = "accumulation"
+    DDP = "ddp"
+    DATA_PARALLEL = "dataparallel"
+    ZERO1 = "zero1"
+    ZERO2 = "zero2"
+    FSDP = "fsdp"
+    PIPELINE = "pipeline"
+
+
+class ClusterSpec(BaseModel):
+    """The GPUs a run may use and the batch it needs."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gpus_per_node: int = Field(default=1, ge=1)
+    nodes: int = Field(default=1, ge=1)
+    global_batch: int | None = Field(default=None, ge=1)
+    """Samples per optimizer step; None: whatever each strategy's largest batch gives."""
+    interconnect: Interconnect = Interconnect.NVLINK
+    """Within a node; across nodes InfiniBand is assumed."""
+    mfu: float = Field(default=0.4, gt=0, le=1)
+    """Share of the GPU's peak FLOP/s a training step reaches (model FLOPs utilisation)."""
+    gradient_as_bucket_view: bool = False
+    strategy: Strategy | None = None
+    """Force one strategy to be recommended (it is still evaluated and may not fit)."""
+    max_gpus: int = Field(default=512, ge=1)
+    """How far the planner looks for GPUs when nothing fits on the ones given."""
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.nodes

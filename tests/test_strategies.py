@@ -1,0 +1,74 @@
+"""The strategy planner on the issue's cases and on a small model with several GPUs."""
+
+import math
+
+import pytest
+
+from memcalc.pipeline import estimate
+from memcalc.specs import TrainingSpec
+from memcalc.strategies import ClusterSpec, Strategy, plan_strategies
+
+MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
+
+
+@pytest.fixture(scope="module")
+def llama_plan():
+    return plan_strategies(TrainingSpec(model="llama_7b", gpu="A100-80GB", machine=MACHINE),
+                           ClusterSpec())
+
+
+def by_label(plan, label):
+    return next(c for c in plan.candidates if c.label == label)
+
+
+def test_llama_7b_does_not_fit_one_80gb_gpu_in_fp32_adam(llama_plan):
+    baseline = by_label(llama_plan, "baseline")
+    assert not baseline.fits and baseline.per_gpu_peak_bytes > llama_plan.usable_bytes
+    # fp32 Adam: 16 bytes per parameter of states alone exceed the card
+    assert 16 * 6_738_415_616 > 80 * 10**9
+    for single in ("mixed-precision", "checkpointing", "mixed-precision+checkpointing"):
+        assert not by_label(llama_plan, single).fits
+
+
+def test_llama_7b_gets_the_cheapest_strategy_that_fits(llama_plan):
+    chosen = by_label(llama_plan, llama_plan.recommended)
+    assert chosen.fits and chosen.gpus > 1
+    assert chosen.strategy in (Strategy.FSDP, Strategy.PIPELINE, Strategy.ZERO2)
+    assert chosen.per_gpu_peak_bytes <= llama_plan.usable_bytes
+    fitting = [c for c in llama_plan.candidates if c.fits]
+    assert chosen.gpus == min(c.gpus for c in fitting)
+    assert "nothing fits on 1" in llama_plan.reason
+    assert f"--nproc-per-node={chosen.gpus}" in llama_plan.torchrun
+    assert f"#SBATCH --gres=gpu:{chosen.gpus}" in llama_plan.slurm
+    # replicated states never fit, however many GPUs
+    assert not by_label(llama_plan, "ddp").fits and not by_label(llama_plan, "zero1").fits
+
+
+def test_the_seed_volume_on_a_24gb_gpu_gets_a_crop_that_fits():
+    spec = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-4090",
+                        machine=MACHINE)
+    plan = plan_strategies(spec, ClusterSpec())
+    assert plan.recommended is None and "crops" in plan.reason
+    crop = plan.largest_sample_shape
+    assert crop[-1] == 3 and all(c < s for c, s in zip(crop[:3], (834, 224, 834), strict=True))
+    assert plan.largest_sample_strategy == "mixed-precision+checkpointing"
+    leanest = spec.with_changes(sample_shape=crop, batch_size=1, gpu=None,
+                                precision="bf16-mixed", activation_checkpointing=True)
+    assert estimate(leanest).device.total_bytes <= plan.usable_bytes
+
+
+def test_data_parallel_on_the_gpus_given_with_accumulation_to_the_global_batch():
+    spec = TrainingSpec(model="mlp", model_args=dict(in_features=1024, hidden=4096, depth=4),
+                        sample_shape=(1024,), gpu="T4", machine=MACHINE)
+    cluster = ClusterSpec(gpus_per_node=8, global_batch=1 << 20)
+    plan = plan_strategies(spec, cluster)
+    chosen = by_label(plan, plan.recommended)
+    assert chosen.gpus == 8 and chosen.fits
+    assert chosen.accumulation_steps == math.ceil((1 << 20) / (chosen.max_batch_size * 8))
+    ddp = by_label(plan, "ddp")
+    baseline = by_label(plan, "baseline")
+    assert ddp.max_batch_size <= baseline.max_batch_size    # buckets cost memory
+    assert ddp.communication_s > 0 and baseline.communication_s == 0
+    forced = plan_strategies(spec, cluster.model_copy(update={"strategy": Strategy.ZERO2}))
+    assert by_label(forced, forced.recommended).strategy is Strategy.ZERO2
+    assert forced.reason.startswith("forced by --strategy zero2")
