@@ -53,3 +53,61 @@ def test_fsdp_units_are_blocks_and_the_root():
     states = ModelStates(400, 400, 800, 100)
     assert gathered_unit_bytes(states, 3) == 2 * 100 + 100
     assert gathered_unit_bytes(states, 2) == 0
+
+
+def _fsdp2_rank(rank: int, world: int, port: int, results) -> None:
+    """One gloo rank: FSDP2 (fully_shard per block + root), one Adam step; its local bytes."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        model = resolve_model("gpt2", TINY_GPT2).factory(**TINY_GPT2)
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        optimizer = torch.optim.Adam(model.parameters())
+        model(torch.randint(0, 100, (2, 64))).float().mean().backward()
+        optimizer.step()
+
+        def local_bytes(tensor) -> int:
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            return local.numel() * local.element_size()
+
+        results.put((rank,
+                     sum(local_bytes(p) for p in model.parameters()),
+                     sum(local_bytes(p.grad) for p in model.parameters()),
+                     sum(local_bytes(value) for state in optimizer.state.values()
+                         for key, value in state.items() if key != "step")))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fsdp2_on_gloo_holds_the_zero3_share_of_every_state():
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    world = 2
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(_fsdp2_rank, args=(world, port, results), nprocs=world, join=True)
+    measured = [results.get() for _ in range(world)]
+    report = estimate(TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(64,),
+                                   device="cpu", batch_size=2))
+    static = report.static
+    states = ModelStates(static.parameter_bytes, static.gradient_bytes,
+                         static.optimizer_state_bytes, 0)
+    for _, parameters, gradients, optimizer_state in measured:
+        assert parameters == pytest.approx(static.parameter_bytes / world, rel=0.01)
+        assert gradients == pytest.approx(static.gradient_bytes / world, rel=0.01)
+        assert optimizer_state == pytest.approx(static.optimizer_state_bytes / world, rel=0.01)
+        assert parameters + gradients + optimizer_state == pytest.approx(
+            sharded_state_bytes(states, world, 3), rel=0.01)
