@@ -124,6 +124,8 @@ MODEL_OPTIONS = [
     click.option("--precision", type=enum_choice(Precision), default="fp32", show_default=True),
     click.option("--checkpointing", is_flag=True,
                  help="Activation checkpointing of the model's repeated blocks (traced)."),
+    click.option("--offload-activations", is_flag=True,
+                 help="Saved activations in host memory (torch.autograd.graph.save_on_cpu)."),
     click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True),
     click.option("--gpu", help="GPU from `memcalc gpus` (case-insensitive), e.g. H100-80GB."),
     click.option("--gpu-memory", type=SizeType(),
@@ -138,7 +140,7 @@ MODEL_OPTIONS = [
 def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> TrainingSpec:
     """The model options (popped from ``options``) as a spec."""
     names = ("model_name", "model_args", "shape", "layout", "input_dtype", "batch_size", "loss",
-             "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing", "device",
+             "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing", "offload_activations", "device",
              "gpu", "gpu_memory", "headroom", "cuda_module_loading")
     value = {name: options.pop(name) for name in names}
     return TrainingSpec(
@@ -147,6 +149,7 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
         batch_size=value["batch_size"], loss=value["loss"], optimizer=value["optimizer"],
         optimizer_impl=value["optimizer_impl"], zero_grad_to_none=value["zero_grad"] == "none",
         precision=value["precision"], activation_checkpointing=value["checkpointing"],
+        offload_activations=value["offload_activations"],
         device=value["device"], gpu=value["gpu"], gpu_memory_bytes=value["gpu_memory"],
         headroom_fraction=value["headroom"], cuda_module_loading=value["cuda_module_loading"],
         loader=loader, machine=machine)

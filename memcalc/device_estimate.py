@@ -46,6 +46,7 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
                      for name, nbytes in per_module[:TOP_MODULES]],
         peak_phase=peak_record.phase.value if peak_record else None,
         compute_peak_bytes=ledger.phase_peaks()[0], optimizer_peak_bytes=ledger.phase_peaks()[1],
+        offloaded_bytes=trace.offloaded_bytes,
         peak_iteration=peak_record.iteration if peak_record else None,
         **cuda_fields,
     )

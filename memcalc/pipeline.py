@@ -37,6 +37,7 @@ from memcalc.report import (
 from memcalc.specs import INPUT_DTYPES, DeviceKind, OptimizerImpl, TrainingSpec
 from memcalc.static import layer_table, static_estimate
 from memcalc.tracing import StepSetup, trace_training_step
+from memcalc.units import format_bytes
 
 
 @dataclass
@@ -104,6 +105,11 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
         unsupported.append("activation checkpointing: no repeated blocks found, not applied")
     extra_assumptions = ([f"activation checkpointing (non-reentrant) of {len(blocks)} repeated "
                           f"blocks: {blocks[0]} … {blocks[-1]}"] if blocks else [])
+    if spec.offload_activations:
+        extra_assumptions.append(
+            f"activations offloaded as save_on_cpu does: every saved tensor copied to pinned "
+            f"host memory ({format_bytes(device.offloaded_bytes)} per iteration) and back in "
+            "backward; the copies' time is not modelled")
     if prepared.trace_error:
         unsupported.append(f"traced step: {prepared.trace_error}; the device figure is a STATIC "
                            "estimate (model states, input, layer outputs once), not a trace")
@@ -113,6 +119,7 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
         sample_shape=prepared.sample_shape, batch_size=batch_size,
         model_bytes=static.parameter_bytes + static.buffer_bytes,
         cpu_step_bytes=device.total_bytes if spec.device is DeviceKind.CPU else 0,
+        offloaded_activation_bytes=device.offloaded_bytes,
         cuda=spec.device is DeviceKind.CUDA, machine=spec.machine or detect_machine(),
         loader=spec.loader.model_copy(update={"sample_dtype": spec.loader.sample_dtype
                                               or prepared.input_dtype_name}))
@@ -167,7 +174,8 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
                       policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
                       keep_zeroed_grads=not spec.zero_grad_to_none,
                       checkpoint_blocks=tuple(repeated_blocks(model))
-                      if spec.activation_checkpointing else ())
+                      if spec.activation_checkpointing else (),
+                      offload_activations=spec.offload_activations)
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())

@@ -123,6 +123,8 @@ class DeviceReport(BaseModel):
     top_modules: list[ModuleActivation]
     peak_phase: str | None
     peak_iteration: int | None
+    offloaded_bytes: int = 0
+    """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
     compute_peak_bytes: int | None = None
     """Live tensor bytes at the peak of forward + backward (traced only)."""
     optimizer_peak_bytes: int | None = None

@@ -91,6 +91,8 @@ class TrainingSpec(BaseModel):
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
     activation_checkpointing: bool = False
     """Checkpoint the model's repeated blocks (``memcalc.checkpointing``) in the traced step."""
+    offload_activations: bool = False
+    """Saved activations kept in host memory (``torch.autograd.graph.save_on_cpu``)."""
     zero_grad_to_none: bool = True
     """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
     precision: Precision = Precision.FP32

@@ -29,6 +29,7 @@ from memcalc.cuda_kernels import CudaKernelMode
 from memcalc.errors import MemcalcError, TraceError
 from memcalc.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.losses import compute_loss, make_target, primary_output
+from memcalc.offload import OffloadCounter
 from memcalc.optimizers import OptimizerRule
 from memcalc.precision import PrecisionPolicy
 from memcalc.specs import LossKind
@@ -56,6 +57,8 @@ class StepSetup:
     """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
     checkpoint_blocks: tuple[str, ...] = ()
     """Modules whose forward runs under non-reentrant activation checkpointing."""
+    offload_activations: bool = False
+    """Saved activations go to host memory in forward and come back in backward."""
     iterations: int = 2
 
 
@@ -65,6 +68,8 @@ class TraceResult:
     output_shape: tuple[int, ...]
     op_names: frozenset[str]
     """ATen op names the step ran (``mm``, ``convolution``...)."""
+    offloaded_bytes: int = 0
+    """Host bytes the offloaded activations of one iteration take (0 without offloading)."""
 
 
 class _Cursor:
@@ -112,22 +117,31 @@ def _trace(setup: StepSetup) -> TraceResult:
     _label(watcher, [batch], MemoryCategory.INPUT)
     handles = _track_modules(model, cursor)
     kernels = CudaKernelMode() if setup.cuda_kernels else contextlib.nullcontext()
+    offload = OffloadCounter() if setup.offload_activations else None
     try:
         with watcher, kernels:
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
-            output_shape = _iterations(setup, model, batch, optimizer, watcher, cursor, ledger)
+            output_shape = _iterations(setup, model, batch, optimizer, watcher, cursor, ledger,
+                                       offload)
     finally:
         for handle in handles:
             handle.remove()
-    return TraceResult(ledger, output_shape, frozenset(watcher.op_names))
+    return TraceResult(ledger, output_shape, frozenset(watcher.op_names),
+                       offload.peak_bytes if offload else 0)
 
 
-def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger) -> tuple[int, ...]:
+def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload
+                ) -> tuple[int, ...]:
     target: list[torch.Tensor | None] = []
     output_shape: tuple[int, ...] = ()
     for iteration in range(1, setup.iterations + 1):
         cursor.iteration = iteration
-        output_shape = _one_step(setup, model, batch, optimizer, watcher, cursor, ledger, target)
+        if offload is not None:
+            offload.start_iteration()
+        saved = offload.hooks() if offload is not None else contextlib.nullcontext()
+        with saved:
+            output_shape = _one_step(setup, model, batch, optimizer, watcher, cursor, ledger,
+                                     target)
     return output_shape
 
 

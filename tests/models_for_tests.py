@@ -66,3 +66,8 @@ def attention_with_dropout():
 def single_conv3d():
     """One 3x3x3 convolution, 2 → 4 channels, no bias: FLOPs in closed form."""
     return nn.Conv3d(2, 4, kernel_size=3, padding=1, bias=False)
+
+
+def single_linear():
+    """One Linear(16 → 8) layer: what autograd saves is known in closed form."""
+    return nn.Linear(16, 8)

@@ -51,10 +51,14 @@ def test_the_seed_volume_on_a_24gb_gpu_gets_a_crop_that_fits():
     assert plan.recommended is None and "crops" in plan.reason
     crop = plan.largest_sample_shape
     assert crop[-1] == 3 and all(c < s for c, s in zip(crop[:3], (834, 224, 834), strict=True))
-    assert plan.largest_sample_strategy == "mixed-precision+checkpointing"
-    leanest = spec.with_changes(sample_shape=crop, batch_size=1, gpu=None,
-                                precision="bf16-mixed", activation_checkpointing=True)
+    levers = {"mixed-precision+checkpointing": {"activation_checkpointing": True},
+              "mixed-precision+offload": {"offload_activations": True}}
+    leanest = spec.with_changes(sample_shape=crop, batch_size=1, gpu=None, precision="bf16-mixed",
+                                **levers[plan.largest_sample_strategy])
     assert estimate(leanest).device.total_bytes <= plan.usable_bytes
+    # the full volume needs more than the card with every single-GPU lever
+    full = [c for c in plan.candidates if c.gpus == 1]
+    assert all(c.per_gpu_peak_bytes > plan.usable_bytes for c in full)
 
 
 def test_data_parallel_on_the_gpus_given_with_accumulation_to_the_global_batch():

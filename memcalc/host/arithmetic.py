@@ -90,6 +90,10 @@ def main_terms(spec: HostSpec, batch: int, num_workers: int, torch_process_bytes
     if dataset_bytes:
         terms.append(HostTerm(name="dataset object", bytes_each=dataset_bytes, count=1,
                               per_worker=False, note="in-memory dataset in the main process"))
+    if spec.offloaded_activation_bytes and spec.cuda:
+        terms.append(HostTerm(name="offloaded activations", count=1, per_worker=False,
+                              bytes_each=spec.offloaded_activation_bytes,
+                              note="pinned copies of saved tensors (save_on_cpu)"))
     held = pinned_block_bytes(batch) if spec.pin_memory else batch
     terms.append(HostTerm(name=HELD_BATCH, bytes_each=held, count=1,
                           per_worker=False, note="held until the next batch replaces it"

@@ -88,6 +88,8 @@ class HostSpec(BaseModel):
     model_bytes: int = Field(default=0, ge=0)
     """Weights and buffers as loaded; the main process holds them and a state dict while
     loading, before the workers start (then on CUDA they move to the GPU)."""
+    offloaded_activation_bytes: int = Field(default=0, ge=0)
+    """Pinned host memory of activations offloaded from the GPU (``save_on_cpu``)."""
     cpu_step_bytes: int = Field(default=0, ge=0)
     """Peak of the training step itself when it runs on the CPU (in the main process)."""
     loader: LoaderSpec = Field(default_factory=LoaderSpec)

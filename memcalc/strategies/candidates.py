@@ -26,7 +26,10 @@ from memcalc.strategies.sharding import (
     sharded_state_bytes,
 )
 from memcalc.strategies.specs import ClusterSpec, Strategy
+from memcalc.units import format_bytes
 
+HOST_LINK_BYTES_PER_S = 25e9
+"""PCIe 4.0 x16 between GPU and pinned host memory, one direction."""
 DISTRIBUTED = (Strategy.DDP, Strategy.DATA_PARALLEL, Strategy.ZERO1, Strategy.ZERO2,
                Strategy.FSDP, Strategy.PIPELINE)
 
@@ -67,12 +70,18 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     compute = steps * compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
                                       variant.spec.precision, cluster.mfu)
     notes = []
+    offloaded = variant.report.device.offloaded_bytes
+    transfer = steps * 2 * offloaded / HOST_LINK_BYTES_PER_S
+    if offloaded:
+        notes.append(f"needs {format_bytes(offloaded)} of pinned host RAM per GPU process for "
+                     "the offloaded activations; their copies out and back are timed at "
+                     f"{HOST_LINK_BYTES_PER_S / 1e9:g} GB/s, not overlapped")
     if steps > 1 and variant.strategy is not Strategy.ACCUMULATION:
         notes.append("accumulating needs the gradients kept between micro-batches; see the "
                      "'accumulation' candidate for that peak")
     return _candidate(variant.strategy, variant.label, 1, "traced", peak, micro, steps,
                       global_batch, variant.flops_per_sample * max(micro, 1) * steps, compute,
-                      0.0, notes)
+                      transfer, notes)
 
 
 @dataclass(frozen=True)
@@ -152,7 +161,8 @@ def distributed_candidate(strategy: Strategy, base: TracedVariant, gpus: int,
         global_batch = steps * micro
     flops = base.flops_per_sample * max(micro, 1) * steps * data_ranks
     compute_s = _distributed_compute(strategy, base, flops, gpus, steps, cluster, gpu)
-    communication = _communication(strategy, states, gpus, bandwidth_bytes_per_s(cluster, gpus))
+    communication = (_communication(strategy, states, gpus, bandwidth_bytes_per_s(cluster, gpus))
+                     + steps * 2 * device.offloaded_bytes / HOST_LINK_BYTES_PER_S)
     label = strategy.value if base.strategy is Strategy.BASELINE else (
         f"{strategy.value} + {base.label}")
     return _candidate(strategy, label, gpus, f"derived from {base.label}", peak, micro, steps,

@@ -39,7 +39,9 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
     candidates = [single_gpu_candidate(v, cluster, gpu) for v in variants]
     leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
                                            v.report.device.plan.model_bytes))
-    bases = [baseline] if leanest is baseline else [baseline, leanest]
+    fastest = max(zip(variants, candidates, strict=True),
+                  key=lambda pair: (pair[1].fits, pair[1].samples_per_s))[0]
+    bases = list({id(v): v for v in (baseline, leanest, fastest)}.values())
     for base in bases:
         states = _states(base, largest_unit_fraction(model))
         for strategy in DISTRIBUTED:
@@ -101,6 +103,9 @@ def _traced_variants(spec: TrainingSpec, gpu, has_blocks: bool) -> list[TracedVa
                                        spec.with_changes(activation_checkpointing=True)))
         variants.append(traced_variant(Strategy.MIXED_PRECISION_CHECKPOINTING, spec.with_changes(
             activation_checkpointing=True, precision=mixed)))
+    if not spec.offload_activations:
+        variants.append(traced_variant(Strategy.MIXED_PRECISION_OFFLOAD, spec.with_changes(
+            offload_activations=True, precision=mixed)))
     variants.append(traced_variant(Strategy.ACCUMULATION, spec.with_changes(
         zero_grad_to_none=False)))
     return variants
@@ -166,7 +171,8 @@ def _assumptions(spec: TrainingSpec, cluster: ClusterSpec, model) -> list[str]:
     blocks = repeated_blocks(model)
     return [
         "single-GPU candidates are traced (their own batch plan); distributed ones are derived "
-        "from a traced candidate's line total(b) = model_bytes + b × per_sample_bytes",
+        "from the baseline, the leanest and the fastest of them: their traced forward/backward "
+        "and optimizer-step lines, sharded states taken out, reserve ratio kept",
         f"checkpointing wraps {len(blocks)} repeated blocks"
         + (f" ({blocks[0]} … {blocks[-1]})" if blocks else " (none found: not applicable)"),
         f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "

@@ -32,6 +32,7 @@ class Strategy(str, Enum):
     MIXED_PRECISION = "mixed-precision"
     CHECKPOINTING = "checkpointing"
     MIXED_PRECISION_CHECKPOINTING = "mixed-precision+checkpointing"
+    MIXED_PRECISION_OFFLOAD = "mixed-precision+offload"
     ACCUMULATION = "accumulation"
     DDP = "ddp"
     DATA_PARALLEL = "dataparallel"
