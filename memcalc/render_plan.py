@@ -17,7 +17,8 @@ def plan_renderable(plan: StrategyPlan) -> Group:
     for column in ("strategy", "GPUs", "per-GPU peak", "batch/GPU", "accum", "global",
                    "step", "samples/s", "fits", "method"):
         table.add_column(column, justify="left" if column in ("strategy", "method") else "right")
-    for candidate in plan.candidates:
+    shown = [c for c in plan.candidates if c.fits or c.gpus == 1 or c.label == plan.recommended]
+    for candidate in shown:
         style = "bold" if candidate.label == plan.recommended else None
         table.add_row(candidate.label, str(candidate.gpus),
                       format_bytes(candidate.per_gpu_peak_bytes), str(candidate.max_batch_size),
@@ -30,6 +31,9 @@ def plan_renderable(plan: StrategyPlan) -> Group:
     if plan.largest_sample_shape:
         head += (f"\nlargest sample that fits at batch 1 ({plan.largest_sample_strategy}): "
                  + ",".join(map(str, plan.largest_sample_shape)))
+    hidden = len(plan.candidates) - len(shown)
+    if hidden:
+        table.caption = f"{hidden} distributed candidates that do not fit are in --json"
     parts = [table, Panel(head, title="memcalc plan", expand=False)]
     if plan.slurm:
         parts.append(Panel("\n".join(plan.slurm), title="SLURM (--emit slurm)", title_align="left"))

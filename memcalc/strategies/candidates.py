@@ -62,16 +62,33 @@ def mixed_precision_for(gpu: GpuSpec) -> Precision:
     return Precision.BF16_MIXED if gpu.bf16_tflops else Precision.FP16_MIXED
 
 
+def host_offload_cap(variant: TracedVariant, processes: int) -> int | None:
+    """Largest batch whose offloaded activations fit the host RAM the host plan leaves free,
+    shared by ``processes`` GPU processes per node; None without offloading."""
+    device, host = variant.report.device, variant.report.host
+    if not device.offloaded_bytes or host is None:
+        return None
+    per_sample = device.offloaded_bytes / device.batch_size
+    others = host.peak_bytes - device.offloaded_bytes
+    return max(0, int((host.usable_bytes / processes - others) // per_sample))
+
+
 def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec) -> Candidate:
     plan = variant.report.device.plan
     micro = plan.max_batch_size
+    cap = host_offload_cap(variant, 1)
+    if cap is not None and cap < micro:
+        micro = cap
     steps, global_batch = _accumulation(cluster.global_batch, micro, 1)
-    peak = variant.report.device.total_bytes      # traced at the planned batch (or at 1)
+    peak = (variant.report.device.total_bytes if micro == plan.max_batch_size   # traced there
+            else _peak(plan.model_bytes, plan.per_sample_bytes, micro))
     compute = steps * compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
                                       variant.spec.precision, cluster.mfu)
     notes = []
     offloaded = variant.report.device.offloaded_bytes
     transfer = steps * 2 * offloaded / HOST_LINK_BYTES_PER_S
+    if cap is not None and cap < plan.max_batch_size:
+        notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
     if offloaded:
         notes.append(f"needs {format_bytes(offloaded)} of pinned host RAM per GPU process for "
                      "the offloaded activations; their copies out and back are timed at "
@@ -154,6 +171,10 @@ def distributed_candidate(strategy: Strategy, base: TracedVariant, gpus: int,
                      "layers' activations (1F1B), about one full micro-batch")
     budget = (plan.usable_bytes - context) / reserve
     micro = min(compute.largest_batch(budget), step.largest_batch(budget), 1 << 24)
+    cap = host_offload_cap(base, min(gpus, cluster.gpus_per_node if cluster.gpus > 1 else 8))
+    if cap is not None and cap < micro:
+        micro = cap
+        notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
     peak = int(max(compute.at(max(micro, 1)), step.at(max(micro, 1))) * reserve + context)
     steps, global_batch = _accumulation(cluster.global_batch, micro, data_ranks)
     if strategy is Strategy.PIPELINE and micro >= 1:

@@ -39,9 +39,7 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
     candidates = [single_gpu_candidate(v, cluster, gpu) for v in variants]
     leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
                                            v.report.device.plan.model_bytes))
-    fastest = max(zip(variants, candidates, strict=True),
-                  key=lambda pair: (pair[1].fits, pair[1].samples_per_s))[0]
-    bases = list({id(v): v for v in (baseline, leanest, fastest)}.values())
+    bases = [v for v in variants if v.strategy is not Strategy.ACCUMULATION]
     for base in bases:
         states = _states(base, largest_unit_fraction(model))
         for strategy in DISTRIBUTED:
@@ -161,7 +159,8 @@ def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterS
     fitting = sum(c.fits for c in ranked)
     where = (f"on the {cluster.gpus} GPU(s) given" if chosen.gpus <= cluster.gpus
              else f"needs {chosen.gpus} GPUs: nothing fits on {cluster.gpus}")
-    return (f"{chosen.label}: {chosen.max_batch_size} samples per GPU fit "
+    samples = "sample" if chosen.max_batch_size == 1 else "samples"
+    return (f"{chosen.label}: {chosen.max_batch_size} {samples} per GPU fit "
             f"({format_bytes(chosen.per_gpu_peak_bytes)} of {format_bytes(usable)} usable), "
             f"{chosen.samples_per_s:,.1f} samples/s {where}; the fastest of the {fitting} "
             "candidates that fit")
@@ -171,8 +170,8 @@ def _assumptions(spec: TrainingSpec, cluster: ClusterSpec, model) -> list[str]:
     blocks = repeated_blocks(model)
     return [
         "single-GPU candidates are traced (their own batch plan); distributed ones are derived "
-        "from the baseline, the leanest and the fastest of them: their traced forward/backward "
-        "and optimizer-step lines, sharded states taken out, reserve ratio kept",
+        "from each of them: their traced forward/backward and optimizer-step lines, sharded "
+        "states taken out, the allocator's reserve ratio kept",
         f"checkpointing wraps {len(blocks)} repeated blocks"
         + (f" ({blocks[0]} … {blocks[-1]})" if blocks else " (none found: not applicable)"),
         f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "
