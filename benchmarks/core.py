@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
-from memcalc.pipeline import estimate
 from memcalc.measure_cpu import measure_spec_cpu_peak
+from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.units import format_bytes
 from models_zoo import ZOO

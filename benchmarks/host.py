@@ -14,6 +14,7 @@ import torch
 
 from benchmarks.host_datasets import HOST_CASES
 from benchmarks.host_truth import truth_peak_bytes
+from benchmarks.results import publish
 from memcalc.host.measure import measure_worker, measured_host_estimate
 from memcalc.host.plan import host_estimate
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
@@ -71,9 +72,7 @@ def main() -> None:
     lines += ["", f"Linux {platform.release()}, Python {platform.python_version()}, torch "
               f"{torch.__version__}, glibc {platform.libc_ver()[1]}; 2 CPUs. Truth: "
               "benchmarks/host_truth.py (peak of private PSS of main + workers plus /dev/shm)."]
-    text = "\n".join(lines)
-    print(text)
-    RESULTS.write_text("# Host RAM: memcalc vs real DataLoaders\n\n" + text + "\n")
+    publish(RESULTS, "Host RAM: memcalc vs real DataLoaders", lines)
 
 
 if __name__ == "__main__":

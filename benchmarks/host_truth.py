@@ -15,7 +15,6 @@ import sys
 import threading
 import time
 
-
 from torch.utils.data import DataLoader
 
 from memcalc.host.procmem import host_total_bytes, shm_used_bytes

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.published_cases import PUBLISHED_CASES, PublishedCase
+from benchmarks.results import publish
 from memcalc.pipeline import estimate
 
 RESULTS = Path(__file__).with_name("results-published.md")
@@ -42,9 +43,7 @@ def main() -> None:
                          f"| {guess / MIB:,.0f} MiB | {error:+.1f} % |")
     lines += ["", f"memcalc on torch {torch.__version__}, {time.perf_counter() - start:.0f} s "
               "for all cases. Sources and setups: benchmarks/published_cases.py."]
-    text = "\n".join(lines)
-    print(text)
-    RESULTS.write_text("# Published real-GPU measurements vs memcalc\n\n" + text + "\n")
+    publish(RESULTS, "Published real-GPU measurements vs memcalc", lines)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ from benchmarks.host_datasets import (
 )
 from benchmarks.host_truth import truth_peak_bytes
 from memcalc.errors import InputError
-from memcalc.host.measure import MeasurementError, measure_worker, measured_host_estimate
+from memcalc.host.measure import (
+    MeasurementError,
+    measure_worker,
+    measured_host_estimate,
+)
 from memcalc.host.plan import host_estimate
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 

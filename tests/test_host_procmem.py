@@ -5,7 +5,12 @@ import os
 
 import torch
 
-from memcalc.host.procmem import host_total_bytes, process_memory, shm_used_bytes, tree_memory
+from memcalc.host.procmem import (
+    host_total_bytes,
+    process_memory,
+    shm_used_bytes,
+    tree_memory,
+)
 
 MIB = 1 << 20
 

@@ -1,8 +1,8 @@
 """Activation offloading (save_on_cpu) in the trace: what leaves the device, what comes back."""
 
+from benchmarks.cases import TINY_GPT2
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
-from benchmarks.cases import TINY_GPT2
 
 
 def test_offloaded_bytes_are_the_tensors_autograd_saves():

@@ -3,8 +3,8 @@
 import pytest
 
 from benchmarks.cases import CPU_TRUTH_CASES, TINY_GPT2, TINY_MLP
-from memcalc.pipeline import estimate
 from memcalc.measure_cpu import measure_spec_cpu_peak
+from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 
 
