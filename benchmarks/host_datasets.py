@@ -109,3 +109,28 @@ HOST_CASES = {
                                 "dataset_python_objects": True},
                                truth_batches=OBJECT_ITEMS // OBJECT_BATCH, truth_step_s=0.0),
 }
+
+
+SPIN_SECONDS = 0.010
+
+
+class SpinSamples(Dataset):
+    """Each sample costs ``SPIN_SECONDS`` of CPU (a busy loop), like decoding and augmenting."""
+
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, index):
+        end = _now() + SPIN_SECONDS
+        while _now() < end:
+            pass
+        return torch.full((3, 32, 32), float(index))
+
+
+def spin_samples():
+    return SpinSamples()
+
+
+def _now() -> float:
+    import time
+    return time.perf_counter()

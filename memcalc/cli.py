@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from memcalc.cli_options import (
+    feed_options,
     host_options,
     loader_and_machine,
     model_options,
@@ -41,6 +42,7 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Write a PNG of predicted memory against batch size (needs a capacity).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
+@feed_options
 @host_options
 @click.pass_context
 def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
@@ -77,16 +79,15 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
               help="Samples per optimizer step to reach (gradient accumulation fills the gap).")
 @click.option("--interconnect", type=enum_choice(Interconnect), default="nvlink", show_default=True,
               help="Link between the GPUs of a node; InfiniBand between nodes.")
-@click.option("--mfu", type=click.FloatRange(min=0.01, max=1), default=0.4, show_default=True,
-              help="Share of peak FLOP/s a training step reaches.")
 @click.option("--bucket-view", is_flag=True, help="DDP gradient_as_bucket_view=True.")
 @click.option("--strategy", "forced", type=enum_choice(Strategy), help="Recommend this strategy.")
 @click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
               help="Print only the launch file for the recommended strategy.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
+@feed_options
 @host_options
 @click.pass_context
-def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, mfu, bucket_view, forced, emit,
+def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, forced, emit,
          as_json, **options) -> None:
     """Which strategy to use: each traced or derived, ranked, with launch files."""
     from memcalc.render_plan import plan_renderable
@@ -96,7 +97,7 @@ def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, mfu, bucket_view
         loader, machine = loader_and_machine(options)
         spec = training_spec(options, loader, machine)
         cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, global_batch=global_batch,
-                              interconnect=interconnect, mfu=mfu,
+                              interconnect=interconnect, mfu=spec.feed.mfu,
                               gradient_as_bucket_view=bucket_view, strategy=forced)
         result = plan_strategies(spec, cluster)
         if emit == "torchrun":
@@ -137,6 +138,45 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
             click.echo(report.model_dump_json(indent=2))
         else:
             Console().print(host_renderable(report))
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@click.option("--dataset", required=True, help="package.module:callable returning your Dataset.")
+@click.option("--step-time", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="Seconds the simulated GPU takes per batch.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--workers", "worker_list", default="0,1,2", show_default=True,
+              help="Worker counts to run, comma separated.")
+@click.option("--batches", type=click.IntRange(min=2), default=20, show_default=True,
+              help="Batches timed per worker count (after warm-up).")
+@click.option("--cpus", type=click.IntRange(min=1), help="CPUs [default: detected].")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
+@click.pass_context
+def feed(ctx, dataset, step_time, batch_size, worker_list, batches, cpus, as_json) -> None:
+    """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
+    from memcalc.feed_measure import feed_check
+    from memcalc.host import LoaderSpec, detect_machine, measure_worker
+    from memcalc.render_feed import feed_renderable
+
+    def work():
+        try:
+            counts = sorted({int(part) for part in worker_list.split(",") if part.strip()})
+        except ValueError:
+            raise InputError(f"--workers must be counts separated by commas, got {worker_list!r}"
+                             ) from None
+        if not counts or counts[0] < 0:
+            raise InputError(f"--workers must be counts of 0 or more, got {worker_list!r}")
+        with worker_progress(not as_json) as progress:
+            sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
+                                    progress=progress)
+            result = feed_check(dataset, batch_size, step_time, counts, sample.seconds_per_sample,
+                                cpus or detect_machine().cpus, batches)
+        if as_json:
+            click.echo(result.model_dump_json(indent=2))
+        else:
+            Console().print(feed_renderable(result))
 
     _run_guarded(ctx, work)
 

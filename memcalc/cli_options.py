@@ -16,6 +16,7 @@ from memcalc.cli_types import (
     enum_choice,
 )
 from memcalc.cuda_overheads import ModuleLoading
+from memcalc.feeding import FeedSpec
 from memcalc.host.machine import machine_from_options
 from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
 from memcalc.optimizers import optimizer_names
@@ -103,6 +104,25 @@ def worker_progress(enabled: bool):
 
 
 
+FEED_OPTIONS = [
+    click.option("--step-time", type=click.FloatRange(min=0, min_open=True),
+                 help="Seconds of one training step on the GPU [default: from FLOPs with --gpu]."),
+    click.option("--sample-time", type=click.FloatRange(min=0, min_open=True),
+                 help="CPU seconds to load and transform one sample [default: measured with "
+                      "--dataset]."),
+    click.option("--read-bandwidth", type=SizeType(),
+                 help="Storage read rate per second, e.g. 500MB, when only the shape is known."),
+    click.option("--mfu", type=click.FloatRange(min=0.01, max=1), default=0.4, show_default=True,
+                 help="Share of the GPU's peak FLOP/s a training step reaches."),
+]
+
+
+def feed_options(command):
+    for option in reversed(FEED_OPTIONS):
+        command = option(command)
+    return command
+
+
 MODEL_OPTIONS = [
     click.option("--model", "model_name", required=True,
                  help="Zoo name (see `memcalc models`) or package.module:callable returning an nn.Module."),
@@ -150,6 +170,9 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
         optimizer_impl=value["optimizer_impl"], zero_grad_to_none=value["zero_grad"] == "none",
         precision=value["precision"], activation_checkpointing=value["checkpointing"],
         offload_activations=value["offload_activations"],
+        feed=FeedSpec(step_time_s=options.pop("step_time"), sample_time_s=options.pop("sample_time"),
+                      read_bandwidth_bytes_per_s=options.pop("read_bandwidth"),
+                      mfu=options.pop("mfu")),
         device=value["device"], gpu=value["gpu"], gpu_memory_bytes=value["gpu_memory"],
         headroom_fraction=value["headroom"], cuda_module_loading=value["cuda_module_loading"],
         loader=loader, machine=machine)

@@ -13,15 +13,9 @@ from memcalc.device_estimate import static_device_report, traced_device_report
 from memcalc.errors import InputError, TraceError
 from memcalc.flops import step_flops
 from memcalc.gpus import GpuSpec, find_gpu
-from memcalc.host import (
-    HostSpec,
-    WorkerMeasurement,
-    detect_machine,
-    host_estimate,
-    measure_worker,
-    measured_host_estimate,
-)
+from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
+from memcalc.host_and_feed import host_and_throughput
 from memcalc.layout import CONV_TYPES, LayoutDecision, resolve_layout
 from memcalc.model_source import resolve_model
 from memcalc.optimizers import optimizer_rule
@@ -115,16 +109,9 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
                            "estimate (model states, input, layer outputs once), not a trace")
     layout, setup = prepared.layout, prepared.setup
     static = prepared.static_at(batch_size)
-    host_spec = HostSpec(
-        sample_shape=prepared.sample_shape, batch_size=batch_size,
-        model_bytes=static.parameter_bytes + static.buffer_bytes,
-        cpu_step_bytes=device.total_bytes if spec.device is DeviceKind.CPU else 0,
-        offloaded_activation_bytes=device.offloaded_bytes,
-        cuda=spec.device is DeviceKind.CUDA, machine=spec.machine or detect_machine(),
-        loader=spec.loader.model_copy(update={"sample_dtype": spec.loader.sample_dtype
-                                              or prepared.input_dtype_name}))
-    host = (measured_host_estimate(host_spec, measurement, progress) if measurement
-            else host_estimate(host_spec))
+    host, throughput = host_and_throughput(
+        spec, prepared.sample_shape, prepared.input_dtype_name, batch_size, static, device,
+        prepared.gpu, lambda batch: training_flops(spec, batch), measurement, progress)
     return Report(
         spec=spec, gpu=prepared.gpu, model=_model_summary(spec, prepared.model, layers),
         input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
@@ -136,6 +123,7 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
                                 foreach=setup.foreach, traced=device.method == "traced")
         + extra_assumptions,
         unsupported=unsupported + unsupported_cuda_effects(spec), host=host,
+        throughput=throughput,
     )
 
 

@@ -6,6 +6,7 @@ from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 
+from memcalc.render_feed import throughput_renderable
 from memcalc.render_host import bullets, host_renderable
 from memcalc.report import Report
 from memcalc.units import format_bytes, format_count
@@ -37,6 +38,8 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
     parts.append(bullets("Assumptions", report.assumptions))
     if report.unsupported:
         parts.append(bullets("Not modelled", report.unsupported))
+    if report.throughput is not None:
+        parts.append(throughput_renderable(report.throughput))
     if report.host is not None:
         parts.append(host_renderable(report.host))
     return Group(*parts)

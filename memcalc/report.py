@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from memcalc.categories import MemoryCategory
+from memcalc.feeding import ThroughputReport
 from memcalc.gpus import GpuSpec
 from memcalc.host.report import HostReport
 from memcalc.planner import BatchPlan
@@ -197,5 +198,7 @@ class Report(BaseModel):
     device: DeviceReport
     assumptions: list[str]
     unsupported: list[str]
+    throughput: ThroughputReport | None = None
+    """Whether the DataLoader keeps the GPU busy; None without a step and a sample time."""
     host: HostReport | None = None
     """Host RAM of the training process and the DataLoader worker counts that fit."""

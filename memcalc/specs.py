@@ -9,6 +9,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from memcalc.cuda_overheads import ModuleLoading
+from memcalc.feeding import FeedSpec
 from memcalc.host.specs import LoaderSpec, MachineSpec
 from memcalc.optimizers import optimizer_names
 
@@ -104,6 +105,8 @@ class TrainingSpec(BaseModel):
     headroom_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Share of capacity kept free for what is not modelled (cuDNN workspaces, other processes)."""
     cuda_module_loading: ModuleLoading = ModuleLoading.LAZY
+    feed: FeedSpec = Field(default_factory=FeedSpec)
+    """Step and sample times for the feeding model (``memcalc.feeding``)."""
     loader: LoaderSpec = Field(default_factory=LoaderSpec)
     """The DataLoader and Dataset, for the host-RAM estimate."""
     machine: MachineSpec | None = None

@@ -193,3 +193,24 @@ def test_plan_emits_the_launch_line_of_the_recommendation():
     plan = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)
     assert plan["recommended"] and {c["strategy"] for c in plan["candidates"]} >= {
         "baseline", "ddp", "fsdp", "pipeline", "accumulation"}
+
+
+def test_feed_compares_measured_and_predicted_utilization():
+    args = ["feed", "--dataset", "benchmarks.host_datasets:spin_samples", "--step-time", "0.02",
+            "--batch-size", "2", "--workers", "0,1", "--batches", "6", "--cpus", "2", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    check = json.loads(result.stdout)
+    assert [row["num_workers"] for row in check["rows"]] == [0, 1]
+    assert 0.005 < check["seconds_per_sample"] < 0.02
+    bad = CliRunner().invoke(main, ["feed", "--dataset", "x:y", "--step-time", "1",
+                                    "--workers", "one"])
+    assert bad.exit_code == 2 and "--workers must be counts separated by commas" in bad.stderr
+
+
+def test_estimate_prints_the_feeding_verdict():
+    args = ["estimate", "--model", "resnet50", "--shape", "3,32,32", "--batch-size", "128",
+            "--gpu", "A100-80GB", "--sample-time", "0.002", "--cpus", "2", "--ram", "16GiB"]
+    result = CliRunner().invoke(main, args, terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "CPU-bound" in result.output and "workers needed" in result.output

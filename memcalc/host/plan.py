@@ -34,7 +34,8 @@ def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) 
     loader, machine = spec.loader, spec.machine
     sizes = _Sizes(spec, measurement)
     max_workers = _largest(sizes.fits, machine.cpus)
-    recommended = min(max_workers, max(1, machine.cpus - 1))
+    recommended = min(max_workers, max(1, machine.cpus - 1) if spec.workers_needed is None
+                      else spec.workers_needed)
     count = loader.num_workers if loader.num_workers is not None else recommended
     pinned = _Sizes(spec.model_copy(update=dict(loader=loader.model_copy(
         update=dict(pin_memory=True)))), measurement)
@@ -183,8 +184,10 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None) -> list[
         f", {format_bytes(loader.headroom_fraction * machine.limit_bytes)} kept free "
         f"({loader.headroom_fraction:.0%} headroom)",
         f"workers started with {loader.start_method.value}",
-        "one CPU is left to the main process: recommended ≤ CPUs − 1; the feeding model "
-        "(GPU step time vs batch build time) may need fewer",
+        "recommended: the workers the feeding model says keep the GPU ≥ 95 % busy"
+        if spec.workers_needed is not None else "recommended ≤ CPUs − 1 (one CPU for the main "
+        "process); give a GPU and a sample time (--dataset or --sample-time) to size it to the "
+        "step",
     ]
     if machine.shm_bytes is None:
         notes.append("/dev/shm size not known: not checked (Linux's default tmpfs is half of "

@@ -90,6 +90,8 @@ class HostSpec(BaseModel):
     loading, before the workers start (then on CUDA they move to the GPU)."""
     offloaded_activation_bytes: int = Field(default=0, ge=0)
     """Pinned host memory of activations offloaded from the GPU (``save_on_cpu``)."""
+    workers_needed: int | None = Field(default=None, ge=0)
+    """Workers the feeding model says keep the GPU busy; None: as many as CPUs allow."""
     cpu_step_bytes: int = Field(default=0, ge=0)
     """Peak of the training step itself when it runs on the CPU (in the main process)."""
     loader: LoaderSpec = Field(default_factory=LoaderSpec)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from memcalc.errors import TraceError
+from memcalc.gpu_speed import compute_seconds
 from memcalc.gpus import GpuSpec
 from memcalc.pipeline import estimate, training_flops
 from memcalc.report import Report
@@ -14,7 +15,6 @@ from memcalc.specs import Precision, TrainingSpec
 from memcalc.strategies.cost import (
     all_reduce_seconds,
     bandwidth_bytes_per_s,
-    compute_seconds,
     fsdp_seconds,
 )
 from memcalc.strategies.report import Candidate

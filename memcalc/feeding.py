@@ -1,0 +1,119 @@
+"""Feeding the GPU: does the DataLoader keep up with the training step?
+
+Workers build batches in parallel, one at a time each, so W workers deliver W batches per
+batch-build time; prefetching only absorbs jitter. With no workers the main process builds
+each batch between steps. The pin-memory copy is serial in the main process's pin thread.
+
+    utilisation(0) = step / (step + build)
+    utilisation(W) = min(1, min(W, CPUs) × step / build, step / pin_copy)
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TARGET_UTILIZATION = 0.95
+PIN_COPY_BYTES_PER_S = 8e9
+"""Pageable → pinned host copy, one thread (memcpy bandwidth of one core)."""
+
+
+class FeedSpec(BaseModel):
+    """How long a step takes and how long a sample takes to load, when known."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_time_s: float | None = Field(default=None, gt=0)
+    """GPU time of one training step; None: from FLOPs and the catalog (needs --gpu)."""
+    mfu: float = Field(default=0.4, gt=0, le=1)
+    sample_time_s: float | None = Field(default=None, gt=0)
+    """CPU time to load and transform one sample; None: measured with --dataset."""
+    read_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    """Storage read rate, when only the sample shape is known (I/O-bound estimate)."""
+
+
+class WorkerUtilization(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_workers: int
+    expected_gpu_utilization: float
+
+
+class ThroughputReport(BaseModel):
+    """JSON field ``throughput``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_time_s: float
+    step_time_source: str
+    batch_load_time_s: float
+    """Time one worker needs to build one batch."""
+    batch_load_source: str
+    workers_needed: int
+    """Workers that keep the GPU ≥ 95 % busy, ignoring RAM and CPU limits."""
+    num_workers: int
+    """The count evaluated: the recommended one within the RAM and CPU bounds."""
+    expected_gpu_utilization: float
+    bound: str
+    """"gpu" (the step sets the pace), "cpu" (sample building) or "io" (storage reads)."""
+    by_workers: list[WorkerUtilization]
+    advice: list[str]
+    assumptions: list[str]
+
+
+def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: float = 0.0
+                ) -> float:
+    if workers == 0:
+        return step_s / (step_s + load_s + pin_s)
+    parallel = min(workers, cpus)
+    bounds = [1.0, parallel * step_s / load_s] + ([step_s / pin_s] if pin_s else [])
+    return min(bounds)
+
+
+def feeding_report(step_s: float, step_source: str, load_s: float, load_source: str,
+                   max_workers: int, cpus: int, batch_bytes: int, pin_memory: bool
+                   ) -> ThroughputReport:
+    """Utilisation per worker count; the smallest count reaching 95 % within ``max_workers``."""
+    pin_s = batch_bytes / PIN_COPY_BYTES_PER_S if pin_memory else 0.0
+    needed = max(1, math.ceil(TARGET_UTILIZATION * load_s / step_s))
+    table = [WorkerUtilization(num_workers=w, expected_gpu_utilization=utilization(
+        w, step_s, load_s, cpus, pin_s)) for w in range(max_workers + 1)]
+    reaching = [row.num_workers for row in table
+                if row.expected_gpu_utilization >= TARGET_UTILIZATION]
+    chosen = reaching[0] if reaching else max_workers
+    expected = table[chosen].expected_gpu_utilization
+    bound = "gpu" if expected >= TARGET_UTILIZATION else (
+        "io" if load_source.startswith("read") else "cpu")
+    return ThroughputReport(
+        step_time_s=step_s, step_time_source=step_source, batch_load_time_s=load_s,
+        batch_load_source=load_source, workers_needed=needed, num_workers=chosen,
+        expected_gpu_utilization=expected, bound=bound, by_workers=table,
+        advice=_advice(bound, needed, max_workers, expected, pin_s, step_s),
+        assumptions=[
+            "workers build batches in parallel, one each at a time; prefetch absorbs jitter "
+            "only; with 0 workers loading and the step alternate",
+            f"at most {cpus} workers run at once (CPUs); the main process's own CPU use "
+            "(kernel launches) is not subtracted",
+            "pin-memory copy at 8 GB/s in one thread" if pin_memory else "no pinning",
+        ])
+
+
+def _advice(bound: str, needed: int, max_workers: int, expected: float, pin_s: float,
+            step_s: float) -> list[str]:
+    if bound == "gpu":
+        return []
+    lines = [f"{bound.upper()}-bound: {needed} workers would keep the GPU busy but at most "
+             f"{max_workers} fit the CPUs and RAM; the GPU is busy about {expected:.0%} of the "
+             f"time ({1 / expected:.1f}× the GPU-bound step time)"]
+    if pin_s and pin_s > step_s:
+        lines.append("the pin-memory copy alone is slower than the step: send uint8 and "
+                     "normalise on the GPU, or drop pin_memory")
+    if bound == "io":
+        lines.append("storage sets the pace: cache decoded samples on local NVMe or in RAM, "
+                     "or store them smaller (uint8, compressed chunks)")
+    else:
+        lines.append("move augmentation to the GPU (DALI, kornia, torchvision.transforms.v2 on "
+                     "CUDA tensors), transfer uint8 and normalise on the GPU, cache decoded "
+                     "samples, or ask for more CPUs")
+    return lines

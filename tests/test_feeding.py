@@ -1,0 +1,58 @@
+"""The feeding model in closed form, and its verdict on the seeds' CIFAR-on-2-CPUs case."""
+
+import math
+
+import pytest
+
+from memcalc.feeding import feeding_report, utilization
+from memcalc.gpus import find_gpu
+from memcalc.pipeline import estimate, training_flops
+from memcalc.specs import TrainingSpec
+
+
+def test_utilization_closed_forms():
+    assert utilization(0, 0.03, 0.04, cpus=8) == pytest.approx(0.03 / 0.07)
+    assert utilization(1, 0.03, 0.04, cpus=8) == pytest.approx(0.75)
+    assert utilization(2, 0.03, 0.04, cpus=8) == 1.0
+    assert utilization(8, 0.01, 0.2, cpus=2) == pytest.approx(2 * 0.01 / 0.2)   # CPUs cap
+    assert utilization(4, 0.01, 0.01, cpus=8, pin_s=0.02) == pytest.approx(0.5)  # pin thread
+
+
+def test_smallest_worker_count_reaching_95_percent():
+    report = feeding_report(0.05, "given", 0.4, "given", max_workers=16, cpus=16,
+                            batch_bytes=1 << 20, pin_memory=False)
+    assert report.workers_needed == math.ceil(0.95 * 0.4 / 0.05) == 8
+    assert report.num_workers == 8 and report.bound == "gpu" and not report.advice
+    assert [row.num_workers for row in report.by_workers] == list(range(17))
+
+
+def test_too_few_cpus_is_a_cpu_bound_verdict_with_advice():
+    report = feeding_report(0.01, "given", 0.3, "given", max_workers=2, cpus=2,
+                            batch_bytes=1 << 20, pin_memory=False)
+    assert report.bound == "cpu" and report.num_workers == 2
+    assert report.expected_gpu_utilization == pytest.approx(2 * 0.01 / 0.3)
+    assert "CPU-bound: 29 workers" in report.advice[0]
+    io = feeding_report(0.01, "given", 0.3, "read bandwidth", max_workers=2, cpus=2,
+                        batch_bytes=1 << 20, pin_memory=False)
+    assert io.bound == "io" and "storage" in io.advice[1]
+
+
+def test_cifar_on_two_cpus_is_cpu_bound():
+    spec = TrainingSpec(model="resnet50", model_args={"num_classes": 10}, sample_shape=(3, 32, 32),
+                        batch_size=128, gpu="A100-80GB", feed={"sample_time_s": 0.002},
+                        machine={"cpus": 2, "ram_bytes": 16 << 30})
+    report = estimate(spec)
+    throughput = report.throughput
+    peak = find_gpu("A100-80GB").fp32_tflops * 1e12
+    assert throughput.step_time_s == pytest.approx(training_flops(spec, 128) / (peak * 0.4))
+    assert throughput.batch_load_time_s == pytest.approx(128 * 0.002)
+    assert throughput.bound == "cpu" and throughput.num_workers == 2
+    assert throughput.expected_gpu_utilization < 0.2
+    assert report.host.recommended_num_workers == 2
+
+
+def test_without_a_sample_time_there_is_no_feeding_verdict():
+    spec = TrainingSpec(model="mlp", model_args={"in_features": 784}, sample_shape=(784,),
+                        batch_size=8, gpu="T4",
+                        machine={"cpus": 4, "ram_bytes": 16 << 30})
+    assert estimate(spec).throughput is None
