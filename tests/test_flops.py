@@ -2,6 +2,12 @@
 
 from dataclasses import replace
 
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from memcalc.model_source import resolve_model
 from memcalc.pipeline import _prepare, training_flops
 from memcalc.specs import TrainingSpec
 
@@ -33,3 +39,45 @@ def test_checkpointing_adds_the_recomputed_forward_of_the_blocks():
     prepared, _, _ = _prepare(spec, None)
     assert plain < checkpointed < plain * 4 / 3 + 1     # blocks only, not the LM head
     assert replace(prepared.setup).checkpoint_blocks == ()
+
+
+def _closed_form_forward_flops(model, batch) -> int:
+    """2 × MACs of every conv and linear layer, from its weight and its output size."""
+    total = [0]
+
+    def count(module, _inputs, output):
+        if isinstance(module, nn.Linear):
+            total[0] += 2 * module.in_features * module.out_features * output.numel() // (
+                module.out_features)
+        else:   # conv: each output element takes in_channels/groups × kernel MACs
+            per_output = module.weight[0].numel()
+            total[0] += 2 * per_output * output.numel()
+
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            module.register_forward_hook(count)
+    with torch.no_grad():
+        model(batch)
+    return total[0]
+
+
+
+@pytest.mark.parametrize("name,shape,args", [
+    ("resnet50", (2, 3, 64, 64), {"num_classes": 10}),
+    ("resnet3d", (1, 3, 16, 32, 32), {"depth": 18, "num_classes": 5}),
+    ("vit_b16", (2, 3, 64, 64), {"image_size": 64, "dim": 128, "depth": 2, "heads": 4,
+                                 "num_classes": 10}),
+])
+def test_zoo_forward_flops_match_the_conv_and_linear_closed_form(name, shape, args):
+    model = resolve_model(name, args).build_meta()
+    batch = torch.empty(shape, device="meta")
+    expected = _closed_form_forward_flops(model, batch)
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(batch)
+    counted = counter.get_total_flops()
+    attention = counted - expected          # ViT: the S×S attention matmuls, counted extra
+    if name == "vit_b16":
+        tokens, dim, depth = (64 // 16) ** 2 + 1, 128, 2
+        assert attention == depth * 2 * (2 * shape[0] * tokens * tokens * dim)
+    else:
+        assert counted == expected
