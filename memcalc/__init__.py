@@ -14,7 +14,8 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "estimate": "memcalc.api", "estimate_spec": "memcalc.pipeline",
+    "estimate": "memcalc.api", "plan": "memcalc.api", "check": "memcalc.api",
+    "estimate_spec": "memcalc.pipeline", "StrategyPlan": "memcalc.strategies",
     "TrainingSpec": "memcalc.specs", "Report": "memcalc.report",
     "MemcalcError": "memcalc.errors", "InputError": "memcalc.errors",
     "LayoutError": "memcalc.errors", "ModelSourceError": "memcalc.errors",

@@ -1,21 +1,99 @@
-"""Library entry points with plain arguments (the CLI and notebooks call these)."""
+"""Library entry points with plain arguments, for training scripts and notebooks.
+
+``model`` is a zoo name, ``package.module:callable``, a factory returning an ``nn.Module``,
+or an ``nn.Module`` instance (traced as a meta twin: its real weights are never copied or
+moved). Other keyword arguments are ``TrainingSpec`` fields (``optimizer``, ``precision``,
+``gpu``, ``loader``, ``machine``, ``feed``...).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+from torch import nn
+
+from memcalc.errors import InputError, MemoryBudgetError
+from memcalc.model_source import register_model_object
 from memcalc.pipeline import estimate as estimate_spec
 from memcalc.report import Report
 from memcalc.specs import TrainingSpec
+from memcalc.strategies import ClusterSpec, StrategyPlan, plan_strategies
+from memcalc.units import format_bytes
+
+ModelLike = str | nn.Module | Callable[..., nn.Module]
+FIXES_SHOWN = 3
 
 
-def estimate(model: str, sample_shape: tuple[int, ...] | None = None, *, batch_size: int = 1,
-             **options: Any) -> Report:
-    """Estimate one training step of ``model`` (zoo name or ``package.module:callable``).
+def training_spec(model: ModelLike, sample_shape: tuple[int, ...] | None = None,
+                  **options: Any) -> TrainingSpec:
+    name = model if isinstance(model, str) else register_model_object(model)
+    shape = tuple(sample_shape) if sample_shape is not None else None
+    return TrainingSpec(model=name, sample_shape=shape, **options)
 
-    ``options`` are the other ``TrainingSpec`` fields: ``optimizer``, ``precision``,
-    ``loss``, ``device``, ``input_dtype``, ``layout``, ``model_args``, ``loader``, ``machine``.
-    """
-    spec = TrainingSpec(model=model, sample_shape=tuple(sample_shape) if sample_shape else None,
-                        batch_size=batch_size, **options)
-    return estimate_spec(spec)
+
+def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
+             batch_size: int | None = None, **options: Any) -> Report:
+    """Memory of one training step (and, with ``gpu``/``gpu_memory_bytes``, the largest batch;
+    host RAM and DataLoader workers always)."""
+    return estimate_spec(training_spec(model, sample_shape, batch_size=batch_size, **options))
+
+
+def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: str,
+         gpus: int = 1, nodes: int = 1, global_batch: int | None = None,
+         **options: Any) -> StrategyPlan:
+    """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP...) ranked."""
+    cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch)
+    return plan_strategies(training_spec(model, sample_shape, gpu=gpu, **options), cluster)
+
+
+def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batch_size: int,
+          gpu: str | None = None, gpu_memory_bytes: int | None = None,
+          num_workers: int | None = None, **options: Any) -> Report:
+    """The report when ``batch_size`` (and ``num_workers``) fit the GPU and the host; else
+    ``MemoryBudgetError`` with the numbers and the cheapest fixes that fit."""
+    if gpu is None and gpu_memory_bytes is None:
+        raise InputError("check needs a capacity: give gpu='A100-80GB' (see `memcalc gpus`) or "
+                         "gpu_memory_bytes")
+    loader = dict(options.pop("loader", {}) or {})
+    if num_workers is not None:
+        loader["num_workers"] = num_workers
+    spec = training_spec(model, sample_shape, batch_size=batch_size, gpu=gpu,
+                         gpu_memory_bytes=gpu_memory_bytes, loader=loader, **options)
+    report = estimate_spec(spec)
+    problems = _problems(report)
+    if not problems:
+        return report
+    strategies = plan_strategies(spec, ClusterSpec()) if spec.gpu and not report.device.fits else None
+    raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
+
+
+def _problems(report: Report) -> list[str]:
+    device, host, problems = report.device, report.host, []
+    if device.fits is False:
+        largest = device.max_batch_size
+        problems.append(
+            f"batch {device.batch_size} needs {format_bytes(device.total_bytes)} on the GPU, "
+            f"{format_bytes(device.plan.usable_bytes)} usable"
+            + (f" (largest batch that fits: {largest})" if largest else " (not even batch 1 fits)"))
+    if host is not None and not host.fits:
+        problems.append(f"{host.num_workers} DataLoader workers need "
+                        f"{format_bytes(host.peak_bytes)} of host RAM, "
+                        f"{format_bytes(host.usable_bytes)} usable (at most "
+                        f"{host.max_num_workers} workers fit)")
+    return problems
+
+
+def _message(problems: list[str], strategies: StrategyPlan | None) -> str:
+    text = "does not fit: " + "; ".join(problems)
+    if strategies is not None:
+        fitting = [c for c in strategies.candidates if c.fits][:FIXES_SHOWN]
+        if fitting:
+            text += "; cheapest fixes: " + ", ".join(
+                f"{c.label} on {c.gpus} GPU{'s' if c.gpus > 1 else ''} "
+                f"(batch {c.max_batch_size}/GPU, {format_bytes(c.per_gpu_peak_bytes)})"
+                for c in fitting)
+        elif strategies.largest_sample_shape:
+            text += (f"; no strategy fits this sample: crops up to "
+                     f"{strategies.largest_sample_shape} fit ({strategies.largest_sample_strategy})")
+    return text

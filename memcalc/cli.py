@@ -20,7 +20,7 @@ from memcalc.cli_options import (
 from memcalc.cli_types import ShapeType, enum_choice
 from memcalc.errors import InputError, MemcalcError
 from memcalc.gpus import gpu_catalog
-from memcalc.plot import NEEDS_CAPACITY, plot_batch_plan
+from memcalc.plot import plot_report
 from memcalc.specs import DeviceKind
 from memcalc.strategies.specs import Interconnect, Strategy
 from memcalc.units import format_bytes, format_count
@@ -39,7 +39,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @main.command()
 @model_options
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
-              help="Write a PNG of predicted memory against batch size (needs a capacity).")
+              help="Write a PNG: breakdown, memory vs batch, timeline, top modules.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
 @feed_options
@@ -54,12 +54,10 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
     def work():
         loader, machine = loader_and_machine(options)
         spec = training_spec(options, loader, machine)
-        if plot_path and spec.gpu is None and spec.gpu_memory_bytes is None:
-            raise InputError(NEEDS_CAPACITY)   # before the traces, not after
         with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
         if plot_path:
-            plot_batch_plan(report, plot_path)
+            plot_report(report, plot_path)
         if as_json:
             click.echo(report.model_dump_json(indent=2))
         else:

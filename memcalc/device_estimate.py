@@ -7,7 +7,13 @@ import torch
 from memcalc.cuda_allocator import replay
 from memcalc.cuda_overheads import context_bytes, workspace_allocations
 from memcalc.gpus import GpuSpec
-from memcalc.report import Breakdown, DeviceReport, ModuleActivation, StaticEstimate
+from memcalc.report import (
+    Breakdown,
+    DeviceReport,
+    ModuleActivation,
+    StaticEstimate,
+    TimelinePoint,
+)
 from memcalc.specs import DeviceKind, TrainingSpec
 from memcalc.static import element_size
 from memcalc.tracing import TraceResult
@@ -47,6 +53,8 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
         peak_phase=peak_record.phase.value if peak_record else None,
         compute_peak_bytes=ledger.phase_peaks()[0], optimizer_peak_bytes=ledger.phase_peaks()[1],
         offloaded_bytes=trace.offloaded_bytes,
+        timeline=[TimelinePoint(event=event, live_bytes=live, phase=phase, iteration=iteration)
+                  for event, live, phase, iteration in ledger.timeline()],
         peak_iteration=peak_record.iteration if peak_record else None,
         **cuda_fields,
     )

@@ -26,4 +26,9 @@ class TraceError(MemcalcError):
 
 
 class MemoryBudgetError(MemcalcError):
-    """A configuration does not fit the memory it is given."""
+    """A configuration does not fit the memory it is given; ``report`` has the numbers and
+    ``plan`` (when a GPU was named) the strategies that fit."""
+
+    def __init__(self, message: str, report=None, plan=None) -> None:
+        super().__init__(message)
+        self.report, self.plan = report, plan

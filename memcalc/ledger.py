@@ -96,6 +96,21 @@ class MemoryLedger:
                     step = max(step, live)
         return compute, step
 
+    def timeline(self, points: int = 400) -> list[tuple[int, int, str, int]]:
+        """Live bytes over the step, at most ``points`` samples keeping each span's maximum:
+        (event index, live bytes, phase, iteration)."""
+        span = max(1, -(-len(self.events) // points))
+        samples, live, best = [], 0, None
+        for index, event in enumerate(self.events):
+            live += event.delta_bytes
+            record = self.records[event.record_id]
+            if best is None or live > best[1]:
+                best = (index, live, record.phase.value, record.iteration)
+            if (index + 1) % span == 0 or index == len(self.events) - 1:
+                samples.append(best)
+                best = None
+        return samples
+
     def peak_record(self) -> StorageRecord | None:
         """The allocation that set the peak (its phase and iteration say when the peak was)."""
         if self.peak_event_count == 0:

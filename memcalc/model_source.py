@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,9 +43,48 @@ class ModelSource:
         return model
 
 
+_OBJECTS: dict[str, Any] = {}
+OBJECT_PREFIX = "object:"
+
+
+def register_model_object(model: nn.Module | Callable[..., nn.Module]) -> str:
+    """A name for an ``nn.Module`` instance or a factory passed to the library, usable as
+    ``TrainingSpec.model`` in this process. Instances are traced as meta twins."""
+    kind = type(model).__name__ if isinstance(model, nn.Module) else getattr(
+        model, "__qualname__", type(model).__name__)
+    name = f"{OBJECT_PREFIX}{kind}@{id(model):x}"
+    _OBJECTS[name] = model
+    return name
+
+
+def display_name(name: str) -> str:
+    """``object:VolumeNet@7f…`` → ``VolumeNet (instance)``; other names unchanged."""
+    if not name.startswith(OBJECT_PREFIX):
+        return name
+    kind = name.removeprefix(OBJECT_PREFIX).rsplit("@", 1)[0]
+    return f"{kind} ({'instance' if isinstance(_OBJECTS.get(name), nn.Module) else 'factory'})"
+
+
+def meta_twin(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are meta tensors: the real weights are
+    neither copied nor moved (deepcopy sees them already "copied" in its memo)."""
+    memo: dict[int, Any] = {}
+    for parameter in model.parameters():
+        memo[id(parameter)] = nn.Parameter(torch.empty_like(parameter, device="meta"),
+                                           requires_grad=parameter.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    return copy.deepcopy(model, memo)
+
+
 def resolve_model(name: str, kwargs: dict[str, Any] | None = None) -> ModelSource:
-    """A zoo name (``resnet3d``) or ``package.module:callable``."""
+    """A zoo name (``resnet3d``), ``package.module:callable``, or a registered object."""
     kwargs = dict(kwargs or {})
+    if name in _OBJECTS:
+        target = _OBJECTS[name]
+        if isinstance(target, nn.Module):
+            return ModelSource(name, lambda: meta_twin(target), {}, None, None)
+        return ModelSource(name, target, kwargs, None, None)
     if ":" in name:
         return ModelSource(name, import_callable(name, "model", ModelSourceError), kwargs, None, None)
     if name not in ZOO:

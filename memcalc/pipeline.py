@@ -17,7 +17,7 @@ from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
 from memcalc.host_and_feed import host_and_throughput
 from memcalc.layout import CONV_TYPES, LayoutDecision, resolve_layout
-from memcalc.model_source import resolve_model
+from memcalc.model_source import display_name, resolve_model
 from memcalc.optimizers import optimizer_rule
 from memcalc.planner import PlanPoint, plan_batch
 from memcalc.precision import precision_policy
@@ -182,7 +182,7 @@ def _foreach(spec: TrainingSpec) -> bool:
 def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelSummary:
     parameters = list(model.parameters())
     return ModelSummary(
-        name=spec.model,
+        name=display_name(spec.model),
         parameter_count=sum(p.numel() for p in parameters),
         trainable_parameter_count=sum(p.numel() for p in parameters if p.requires_grad),
         buffer_element_count=sum(b.numel() for b in model.buffers()),

@@ -106,6 +106,17 @@ class StaticEstimate(BaseModel):
                 + self.optimizer_state_bytes + self.optimizer_step_counter_bytes)
 
 
+class TimelinePoint(BaseModel):
+    """Live tensor bytes at one moment of the traced step (the largest of a span of events)."""
+
+    model_config = _FROZEN
+
+    event: int
+    live_bytes: int
+    phase: str
+    iteration: int
+
+
 class DeviceReport(BaseModel):
     """Memory of one training step on the target device.
 
@@ -124,6 +135,8 @@ class DeviceReport(BaseModel):
     top_modules: list[ModuleActivation]
     peak_phase: str | None
     peak_iteration: int | None
+    timeline: list[TimelinePoint] = []
+    """Live bytes over the traced iterations, for the timeline picture."""
     offloaded_bytes: int = 0
     """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
     compute_peak_bytes: int | None = None
@@ -202,3 +215,12 @@ class Report(BaseModel):
     """Whether the DataLoader keeps the GPU busy; None without a step and a sample time."""
     host: HostReport | None = None
     """Host RAM of the training process and the DataLoader worker counts that fit."""
+
+    def plot(self, path=None):
+        """The four pictures in one matplotlib figure; a PNG when ``path`` is given."""
+        from memcalc.plot import plot_report
+        return plot_report(self, path)
+
+    def _repr_html_(self) -> str:
+        from memcalc.render_html import report_html
+        return report_html(self)

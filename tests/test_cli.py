@@ -51,8 +51,6 @@ BAD_INVOCATIONS = {
                               r"size '24G' has unit 'g'; use .*GiB.*GB"),
     "headroom of all memory": (["--model", "mlp", "--gpu", "T4", "--headroom", "100%"],
                                r"headroom must be at least 0 and below 100%"),
-    "plot without a capacity": (["--model", "mlp", "--plot", "x.png"],
-                                r"--plot needs a capacity to plan against"),
     "gpu with a cpu device": (["--model", "mlp", "--gpu", "T4", "--device", "cpu"],
                               r"--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda"),
     "more workers than CPUs": (["--model", "mlp", "--num-workers", "9", "--cpus", "8",

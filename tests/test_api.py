@@ -1,0 +1,77 @@
+"""The library API: model instances, factories and names; check() that raises with fixes."""
+
+import pytest
+import torch
+from torch import nn
+
+import memcalc
+from memcalc.errors import InputError, MemoryBudgetError
+from models_zoo import ZOO
+
+MACHINE = {"cpus": 8, "ram_bytes": 64 << 30}
+MLP_ARGS = {"in_features": 64, "hidden": 256, "depth": 2}
+
+
+def test_an_instance_is_traced_without_touching_its_weights():
+    model = ZOO["mlp"].build(**MLP_ARGS)
+    pointers = {name: p.data_ptr() for name, p in model.named_parameters()}
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    report = memcalc.estimate(model, (64,), batch_size=4, device="cpu", machine=MACHINE)
+    for name, parameter in model.named_parameters():
+        assert parameter.device.type == "cpu" and parameter.data_ptr() == pointers[name]
+        torch.testing.assert_close(parameter.detach(), before[name])
+    by_name = memcalc.estimate("mlp", (64,), batch_size=4, device="cpu", model_args=MLP_ARGS,
+                               machine=MACHINE)
+    assert report.device.peak_bytes == by_name.device.peak_bytes
+    assert report.model.name == f"{type(model).__name__} (instance)"
+
+
+def test_a_meta_instance_and_a_factory_work_too():
+    with torch.device("meta"):
+        meta_model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    report = memcalc.estimate(meta_model, (32,), batch_size=2, device="cpu", machine=MACHINE)
+    assert report.model.parameter_count == 32 * 64 + 64 + 64 * 4 + 4
+    factory = memcalc.estimate(lambda: nn.Linear(8, 2), (8,), batch_size=2, device="cpu",
+                               machine=MACHINE)
+    assert factory.model.parameter_count == 18 and "factory" in factory.model.name
+
+
+def test_check_returns_the_report_when_it_fits():
+    report = memcalc.check("mlp", (64,), batch_size=8, gpu="T4", model_args=MLP_ARGS,
+                           machine=MACHINE)
+    assert report.device.fits and report.device.batch_size == 8
+
+
+def test_check_raises_with_numbers_and_the_fixes_that_fit():
+    with pytest.raises(MemoryBudgetError) as caught:
+        memcalc.check("resnet3d", (3, 128, 128, 128), batch_size=8, gpu="T4", machine=MACHINE)
+    error = caught.value
+    assert isinstance(error, memcalc.MemcalcError)
+    assert str(error).startswith("does not fit: batch 8 needs ")
+    assert "GiB usable (largest batch that fits: " in str(error)
+    assert "cheapest fixes: " in str(error) and "mixed-precision" in str(error)
+    assert error.report.device.fits is False
+    first = next(c for c in error.plan.candidates if c.fits)
+    assert first.label in str(error)
+
+
+def test_check_raises_when_the_workers_do_not_fit_the_host():
+    with pytest.raises(MemoryBudgetError, match=r"8 DataLoader workers need .* host RAM"):
+        memcalc.check("resnet3d", (3, 256, 256, 256), batch_size=1, gpu="A100-80GB",
+                      model_args={"depth": 10}, num_workers=8,
+                      machine={"cpus": 8, "ram_bytes": 4 << 30})
+
+
+def test_check_needs_a_capacity():
+    with pytest.raises(InputError, match="check needs a capacity"):
+        memcalc.check("mlp", (64,), batch_size=2)
+
+
+def test_plan_and_html_rendering():
+    plan = memcalc.plan("mlp", (64,), gpu="T4", model_args=MLP_ARGS, machine=MACHINE)
+    assert plan.recommended and "recommended" in plan._repr_html_()
+    report = memcalc.estimate("mlp", (64,), batch_size=2, gpu="T4", model_args=MLP_ARGS,
+                              machine=MACHINE)
+    html = report._repr_html_()
+    for needle in ("activations", "optimizer_state", "fits", "largest batch", "host:"):
+        assert needle in html
