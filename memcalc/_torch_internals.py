@@ -17,12 +17,16 @@ from torch import nn
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    FakeTensor,
     FakeTensorMode,
     UnsupportedOperatorException,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
+
+UNSUPPORTED_OPERATOR = UnsupportedOperatorException
+"""Raised for an op that has no fake (meta) kernel, such as a custom op."""
 
 # Raised by fake tensors when an op needs real values (``.item()``, nonzero, custom ops).
 FAKE_TENSOR_FAILURES: tuple[type[BaseException], ...] = (
@@ -70,8 +74,28 @@ class StorageWatcher(TorchDispatchMode):
         self.op_names.add(func.overloadpacket.__name__)
         for value in tree_flatten(outputs)[0]:
             if isinstance(value, torch.Tensor):
+                _refuse_real_allocation(func, value)
                 self.watch(value)
         return outputs
+
+
+REAL_ALLOCATION_LIMIT_BYTES = 16 << 20
+"""Largest real (non-fake) tensor an op may produce during a trace: a bug that escapes the
+fake mode fails fast instead of trying to allocate the step's hundreds of GiB."""
+
+
+class RealAllocationError(RuntimeError):
+    """An op produced a real tensor larger than ``REAL_ALLOCATION_LIMIT_BYTES`` while tracing."""
+
+
+def _refuse_real_allocation(func, tensor: torch.Tensor) -> None:
+    if isinstance(tensor, FakeTensor) or tensor.device.type == "meta":
+        return
+    nbytes = tensor.untyped_storage().nbytes()
+    if nbytes > REAL_ALLOCATION_LIMIT_BYTES:
+        raise RealAllocationError(
+            f"{func} made a real {nbytes:,}-byte tensor while tracing (limit "
+            f"{REAL_ALLOCATION_LIMIT_BYTES:,}); the model creates tensors outside the fake mode")
 
 
 def materialize_fake(model: nn.Module, dtype: torch.dtype) -> nn.Module:

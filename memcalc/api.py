@@ -14,6 +14,7 @@ from typing import Any
 from torch import nn
 
 from memcalc.errors import InputError, MemoryBudgetError
+from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
 from memcalc.model_source import register_model_object
 from memcalc.pipeline import estimate as estimate_spec
 from memcalc.report import Report
@@ -33,10 +34,13 @@ def training_spec(model: ModelLike, sample_shape: tuple[int, ...] | None = None,
 
 
 def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
-             batch_size: int | None = None, **options: Any) -> Report:
+             batch_size: int | None = None, isolate: bool = False,
+             timeout_s: float = DEFAULT_TIMEOUT_S, **options: Any) -> Report:
     """Memory of one training step (and, with ``gpu``/``gpu_memory_bytes``, the largest batch;
-    host RAM and DataLoader workers always)."""
-    return estimate_spec(training_spec(model, sample_shape, batch_size=batch_size, **options))
+    host RAM and DataLoader workers always). ``isolate=True`` traces in a child process with
+    a ``timeout_s`` limit, so a crash in the model's code cannot kill a notebook kernel."""
+    spec = training_spec(model, sample_shape, batch_size=batch_size, **options)
+    return estimate_isolated(spec, timeout_s) if isolate else estimate_spec(spec)
 
 
 def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: str,
@@ -60,6 +64,14 @@ def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batc
         loader["num_workers"] = num_workers
     spec = training_spec(model, sample_shape, batch_size=batch_size, gpu=gpu,
                          gpu_memory_bytes=gpu_memory_bytes, loader=loader, **options)
+    return check_spec(spec)
+
+
+def check_spec(spec: TrainingSpec) -> Report:
+    """``check`` for a spec with a batch size and a capacity."""
+    if spec.batch_size is None or (spec.gpu is None and spec.gpu_memory_bytes is None):
+        raise InputError("check needs a batch size and a capacity: give --batch-size and "
+                         "--gpu NAME or --gpu-memory SIZE")
     report = estimate_spec(spec)
     problems = _problems(report)
     if not problems:

@@ -70,6 +70,37 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
 
 @main.command()
 @model_options
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@feed_options
+@host_options
+@click.pass_context
+def check(ctx, as_json, **options) -> None:
+    """Exit 0 when --batch-size (and --num-workers) fit the GPU and host, 1 when not."""
+    from memcalc.api import check_spec
+    from memcalc.errors import MemoryBudgetError
+
+    def work():
+        loader, machine = loader_and_machine(options)
+        spec = training_spec(options, loader, machine)
+        try:
+            report = check_spec(spec)
+        except MemoryBudgetError as error:
+            click.echo(f"DOES NOT FIT: {str(error).removeprefix('does not fit: ')}", err=True)
+            sys.exit(1)
+        if as_json:
+            click.echo(report.model_dump_json(indent=2))
+        else:
+            click.echo(f"fits: batch {report.device.batch_size} needs "
+                       f"{format_bytes(report.device.total_bytes)} of "
+                       f"{format_bytes(report.device.plan.usable_bytes)} usable; "
+                       f"{report.host.num_workers} workers need "
+                       f"{format_bytes(report.host.peak_bytes)} of host RAM")
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@model_options
 @click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), default=1, show_default=True,
               help="GPUs per node the job may use.")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)

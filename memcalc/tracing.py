@@ -19,6 +19,8 @@ from torch import nn
 
 from memcalc._torch_internals import (
     FAKE_TENSOR_FAILURES,
+    UNSUPPORTED_OPERATOR,
+    RealAllocationError,
     StorageWatcher,
     fake_cpu_mode,
     materialize_fake,
@@ -90,6 +92,11 @@ def trace_training_step(setup: StepSetup) -> TraceResult:
             return _trace(setup)
     except MemcalcError:
         raise
+    except RealAllocationError as error:
+        raise TraceError(f"refused: {error}") from error
+    except UNSUPPORTED_OPERATOR as error:
+        raise TraceError(f"op {_first_line(error)} has no fake kernel (a custom or extension "
+                         "op; register one with torch.library.register_fake)") from error
     except FAKE_TENSOR_FAILURES as error:
         raise TraceError(f"the model needs real tensor values ({type(error).__name__}: "
                          f"{_first_line(error)})") from error

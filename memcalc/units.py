@@ -1,5 +1,7 @@
 """Byte quantities: IEC formatting for display. Internally every size is an int of bytes."""
 
+import re
+
 _IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
@@ -32,21 +34,24 @@ _SIZE_FACTORS = {
 }
 
 
+_SIZE_PATTERN = re.compile(r"^([+-]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+
+
 def parse_size(text: str) -> int:
     """Bytes in a size written by a person: ``24GiB`` (binary, 2**30) or ``24GB`` (decimal, 10**9).
 
-    A bare number is bytes. ``24G`` is refused because it is read both ways in practice.
+    A bare number is bytes; units are case-insensitive. ``24G`` is refused because it is read
+    both ways in practice.
     """
     cleaned = str(text).strip().replace(" ", "").replace("_", "")
-    number = cleaned.rstrip("KMGTPiBkmgtpib")
-    unit = cleaned[len(number):].lower()
+    match = _SIZE_PATTERN.match(cleaned)
+    if match is None:
+        raise ValueError(f"size {text!r} does not start with a number; e.g. 24GiB or 80GB")
+    number, unit = match.group(1), match.group(2).lower()
     if unit not in _SIZE_FACTORS:
         raise ValueError(f"size {text!r} has unit {unit!r}; use a number with B, KiB, MiB, GiB, "
                          "TiB (binary) or KB, MB, GB, TB (decimal), e.g. 24GiB")
-    try:
-        value = float(number)
-    except ValueError:
-        raise ValueError(f"size {text!r} does not start with a number; e.g. 24GiB or 80GB") from None
+    value = float(number)
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
     return int(value * _SIZE_FACTORS[unit])

@@ -71,3 +71,76 @@ def single_conv3d():
 def single_linear():
     """One Linear(16 → 8) layer: what autograd saves is known in closed form."""
     return nn.Linear(16, 8)
+
+
+class _Untraceable(nn.Module):
+    """A linear layer behind one operation fake tensors cannot run (``kind``)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        import torch
+
+        if self.kind == "numpy":                 # leaves torch for numpy
+            x = torch.from_numpy(x.detach().numpy() * 2)
+        elif self.kind == "nonzero":              # output shape depends on the values
+            x = x[x.nonzero(as_tuple=True)].reshape(x.shape)
+        elif self.kind == "tolist":               # Python values out of a tensor
+            x = x * float(len([v for v in x.flatten().tolist() if v > 0]))
+        elif self.kind == "custom_op":            # a custom op without a fake kernel
+            x = torch.ops.memcalc_tests.opaque(x)
+        elif self.kind == "cuda_only":            # an extension that insists on CUDA
+            x = x.cuda()
+        return self.linear(x)
+
+
+def _register_opaque_op():
+    import torch
+
+    if not hasattr(torch.ops.memcalc_tests, "opaque"):
+        library = torch.library.Library("memcalc_tests", "DEF")
+        library.define("opaque(Tensor x) -> Tensor")
+        library.impl("opaque", lambda x: x * 2, "CPU")
+        _register_opaque_op.library = library   # keep the registration alive
+
+
+def untraceable(kind: str = "numpy"):
+    if kind == "custom_op":
+        _register_opaque_op()
+    return _Untraceable(kind)
+
+
+class _Crashing(nn.Module):
+    """Kills its own process in forward, as a broken C extension would."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def crashing():
+    return _Crashing()
+
+
+class _Hanging(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, x):
+        import time
+
+        time.sleep(3600)
+
+
+def hanging():
+    return _Hanging()

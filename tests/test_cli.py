@@ -57,6 +57,42 @@ BAD_INVOCATIONS = {
                                 "--ram", "16GB"], r"--num-workers 9 is more than the 8 CPUs"),
 }
 
+# Other commands: full argument list, exit code, message.
+COMMAND_BAD_INVOCATIONS = {
+    "negative gpu memory": (["estimate", "--model", "mlp", "--gpu-memory", "-5GB"], 2,
+                            r"size '-5GB' must be positive"),
+    "unknown input dtype": (["estimate", "--model", "mlp", "--input-dtype", "float8"], 2,
+                            r"'--input-dtype': 'float8' is not one of"),
+    "unknown sample dtype": (["host", "--shape", "8", "--sample-dtype", "complex"], 2,
+                             r"'--sample-dtype': 'complex' is not one of"),
+    "unknown start method": (["host", "--shape", "8", "--start-method", "thread"], 2,
+                             r"'--start-method': 'thread' is not one of"),
+    "zero prefetch factor": (["host", "--shape", "8", "--prefetch-factor", "0"], 2,
+                             r"'--prefetch-factor': 0 is not in the range x>=1"),
+    "headroom not a number": (["estimate", "--model", "mlp", "--headroom", "lots"], 2,
+                              r"headroom must be a fraction like 0.05 or a percentage like 5%"),
+    "zero GPUs": (["plan", "--model", "mlp", "--gpu", "T4", "--gpus", "0"], 2,
+                  r"'--gpus': 0 is not in the range x>=1"),
+    "unknown interconnect": (["plan", "--model", "mlp", "--gpu", "T4", "--interconnect", "wifi"],
+                             2, r"'--interconnect': 'wifi' is not one of"),
+    "unknown strategy": (["plan", "--model", "mlp", "--gpu", "T4", "--strategy", "zero4"], 2,
+                         r"'--strategy': 'zero4' is not one of"),
+    "plan without a gpu": (["plan", "--model", "mlp"], 2, r"the strategy planner needs a GPU"),
+    "check without a batch": (["check", "--model", "mlp", "--gpu", "T4"], 2,
+                              r"check needs a batch size and a capacity"),
+    "check that does not fit": (["check", "--model", "mlp", "--model-arg", "hidden=65536",
+                                 "--shape", "784", "--model-arg", "in_features=784",
+                                 "--batch-size", "4", "--gpu-memory", "1GiB", "--cpus", "2",
+                                 "--ram", "8GiB"], 1,
+                                r"DOES NOT FIT: batch 4 needs .* GiB on the GPU"),
+    "zero step time": (["feed", "--dataset", "a:b", "--step-time", "0"], 2,
+                       r"'--step-time': 0.0 is not in the range x>0"),
+    "negative worker count": (["feed", "--dataset", "a:b", "--step-time", "1", "--workers",
+                               "-1"], 2, r"--workers must be counts of 0 or more"),
+    "unknown layout": (["estimate", "--model", "mlp", "--layout", "nhwc"], 2,
+                       r"'--layout': 'nhwc' is not one of"),
+}
+
 HOST_BAD_INVOCATIONS = {
     "no shape and no dataset": ([], r"needs --shape, or --dataset to measure"),
     "negative RAM": (["--shape", "8", "--ram", "-4GB"], r"size '-4GB' must be positive"),
@@ -82,6 +118,22 @@ def test_bad_input_is_one_line_and_nonzero(command, case):
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert len(error_lines) == 1
     assert re.search(message, result.stderr.replace("\n", " ")), result.stderr
+
+
+@pytest.mark.parametrize("case", list(COMMAND_BAD_INVOCATIONS))
+def test_every_command_rejects_bad_input_in_one_line(case):
+    args, exit_code, message = COMMAND_BAD_INVOCATIONS[case]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == exit_code, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines()
+             if line.startswith(("Error", "DOES NOT FIT"))]
+    assert len(lines) == 1
+    assert re.search(message, result.stderr.replace("\n", " ")), result.stderr
+
+
+def test_the_bad_input_tables_cover_at_least_25_cases():
+    assert len(BAD_INVOCATIONS) + len(HOST_BAD_INVOCATIONS) + len(COMMAND_BAD_INVOCATIONS) >= 25
 
 
 def test_json_report_has_the_documented_fields():

@@ -1,6 +1,9 @@
 """Estimates against the truth of real CPU runs (profiler memory timeline)."""
 
+import re
+
 import pytest
+import torch
 
 from benchmarks.cases import CPU_TRUTH_CASES, TINY_GPT2, TINY_MLP
 from memcalc.measure_cpu import measure_spec_cpu_peak
@@ -94,3 +97,44 @@ def test_host_estimate_uses_the_planned_batch_and_the_input_dtype():
     assert host.spec.loader.sample_dtype == "float32"
     assert host.batch_bytes == host.spec.batch_size * 4 * spec.sample_shape[0]
     assert host.spec.machine.cpus == 4 and host.recommended_num_workers == 3
+
+
+@pytest.mark.parametrize("kind,reason", [
+    ("numpy", r"\.numpy\(\) is not supported"),
+    ("nonzero", r"needs real tensor values \(DynamicOutputShapeException: aten\.nonzero"),
+    ("tolist", r"needs real tensor values \(DataDependentOutputException"),
+    ("custom_op", r"op memcalc_tests\.opaque\.default has no fake kernel"),
+    ("cuda_only", r"not linked with support for cuda"),
+])
+def test_untraceable_kinds_fall_back_with_their_reason(kind, reason):
+    report = estimate(TrainingSpec(model="tests.models_for_tests:untraceable",
+                                   model_args={"kind": kind}, sample_shape=(8,), batch_size=2,
+                                   machine={"cpus": 2, "ram_bytes": 4 << 30}))
+    assert report.device.method == "static"
+    labelled = [line for line in report.unsupported if line.startswith("traced step:")]
+    assert len(labelled) == 1 and "STATIC estimate" in labelled[0]
+    assert re.search(reason, labelled[0]), labelled[0]
+    # the static figure still counts the model states: 8*4+4 parameters, Adam's two copies
+    assert report.static.parameter_bytes == 4 * 36
+    assert report.static.optimizer_state_bytes == 2 * 4 * 36
+
+
+def test_a_real_allocation_during_the_trace_is_refused(monkeypatch):
+    import memcalc._torch_internals as internals
+
+    observed = []
+    original = internals._refuse_real_allocation
+
+    def spy(func, tensor):
+        observed.append(type(tensor).__name__)
+        return original(func, tensor)
+
+    monkeypatch.setattr(internals, "_refuse_real_allocation", spy)
+    spec = TrainingSpec(model="mlp", model_args=TINY_MLP, sample_shape=(256,), batch_size=4,
+                        device="cpu")
+    assert estimate(spec).device.method == "traced"
+    assert observed and set(observed) == {"FakeTensor"}     # every op output went through it
+    real = torch.empty(internals.REAL_ALLOCATION_LIMIT_BYTES + 1, dtype=torch.uint8)
+    with pytest.raises(internals.RealAllocationError, match=r"made a real 16,777,217-byte"):
+        original(torch.ops.aten.empty.memory_format, real)
+    original(torch.ops.aten.empty.memory_format, real[:1024].clone())   # small: allowed
