@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -28,14 +28,18 @@ RESULTS = Path(__file__).with_name("results-core.md")
 
 
 def cli_run(args: list[str]) -> tuple[float, int, dict]:
-    """Wall seconds, max RSS bytes of a fresh `memcalc estimate --json` process, report."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    """Wall seconds, max RSS bytes of a fresh `memcalc estimate --json` process, report.
+
+    Linux keeps a child's peak RSS across exec, so call this while the caller is still small."""
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "memcalc", "estimate", *args, "--json"],
-                          capture_output=True, text=True, check=True)
+    process = subprocess.Popen([sys.executable, "-m", "memcalc", "estimate", *args, "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    stdout = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)     # this child's own peak RSS
     wall = time.perf_counter() - start
-    rss_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return wall, max(rss_kib, before) * 1024, json.loads(done.stdout)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"memcalc estimate {' '.join(args)} failed")
+    return wall, usage.ru_maxrss * 1024, json.loads(stdout)
 
 
 def speed_rows() -> list[list[str]]:
