@@ -16,27 +16,17 @@ from __future__ import annotations
 import torch
 import torchinfo
 
-from memcalc.checkpointing import apply_checkpointing, repeated_blocks
-from memcalc.losses import compute_loss, make_target, primary_output
+from memcalc.measure_cpu import spec_training_step
 from memcalc.model_source import resolve_model
-from memcalc.optimizers import optimizer_rule
 from memcalc.precision import precision_policy
 from memcalc.specs import INPUT_DTYPES, TrainingSpec
 
 
-def _model_and_batch(spec: TrainingSpec, batch_shape: tuple[int, ...], device: str):
+def _meta_model_and_batch(spec: TrainingSpec, batch_shape: tuple[int, ...]):
     source = resolve_model(spec.model, spec.model_args)
     dtype_name = spec.input_dtype or source.default_input_dtype or "float32"
-    token_ids = not INPUT_DTYPES[dtype_name].is_floating_point
-    if device == "meta":
-        model = source.build_meta()
-        batch = torch.empty(batch_shape, dtype=torch.int64 if token_ids else torch.float32,
-                            device="meta")
-    else:
-        torch.manual_seed(0)
-        model = source.factory(**spec.model_args)
-        batch = (torch.randint(0, 100, batch_shape) if token_ids else torch.randn(batch_shape))
-    return model, batch, token_ids
+    dtype = torch.float32 if INPUT_DTYPES[dtype_name].is_floating_point else torch.int64
+    return source.build_meta(), torch.empty(batch_shape, dtype=dtype, device="meta")
 
 
 def parameter_count(spec: TrainingSpec) -> int:
@@ -45,7 +35,7 @@ def parameter_count(spec: TrainingSpec) -> int:
 
 
 def torchinfo_total(spec: TrainingSpec, batch_shape: tuple[int, ...]) -> int:
-    model, batch, _ = _model_and_batch(spec, batch_shape, "meta")
+    model, batch = _meta_model_and_batch(spec, batch_shape)
     stats = torchinfo.summary(model, input_data=[batch], device="meta", verbose=0)
     return int(stats.total_input + stats.total_output_bytes + stats.total_param_bytes)
 
@@ -63,31 +53,10 @@ def deepspeed_zero2_states(spec: TrainingSpec, gpus: int = 1) -> int:
 def mem_tracker_peak(spec: TrainingSpec, batch_shape: tuple[int, ...]) -> int:
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    model, batch, token_ids = _model_and_batch(spec, batch_shape, "cpu")
-    if spec.activation_checkpointing:
-        apply_checkpointing(model, repeated_blocks(model))
-    policy = precision_policy(spec.precision)
-    if policy.autocast_dtype is None:
-        model = model.to(policy.parameter_dtype)
-    batch = batch.to(policy.batch_dtype(batch.dtype))
-    optimizer = optimizer_rule(spec.optimizer).build(model.parameters(), False)
-    target = []
-
-    def step():
-        autocast = (torch.autocast("cpu", dtype=policy.autocast_dtype)
-                    if policy.autocast_dtype else torch.autocast("cpu", enabled=False))
-        with autocast:
-            output = primary_output(model(batch))
-            if not target:
-                target.append(make_target(spec.loss, output, token_ids))
-            loss = compute_loss(spec.loss, output, target[0], token_ids)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    step()
+    step = spec_training_step(spec, batch_shape)
+    step()                      # the optimizer state exists before the tracked step
     tracker = MemTracker()
-    tracker.track_external(model, optimizer)
+    tracker.track_external(step.model, step.optimizer)
     with tracker:
         step()
     return int(tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"])

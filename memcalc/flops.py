@@ -3,14 +3,13 @@ counted by PyTorch's ``FlopCounterMode`` on fake tensors: matmuls, convolutions,
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from memcalc._torch_internals import fake_cpu_mode, materialize_fake
 from memcalc.checkpointing import apply_checkpointing
 from memcalc.losses import compute_loss, make_target, primary_output
+from memcalc.precision import cpu_autocast
 from memcalc.tracing import StepSetup
 
 
@@ -20,8 +19,7 @@ def step_flops(setup: StepSetup) -> int:
         model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
         apply_checkpointing(model, list(setup.checkpoint_blocks))
         batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
-        autocast = (torch.autocast("cpu", dtype=setup.policy.autocast_dtype)
-                    if setup.policy.autocast_dtype is not None else contextlib.nullcontext())
+        autocast = cpu_autocast(setup.policy.autocast_dtype)
         with FlopCounterMode(display=False) as counter:
             with autocast:
                 output = primary_output(model(batch))

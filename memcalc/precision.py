@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -58,3 +59,8 @@ POLICIES: dict[Precision, PrecisionPolicy] = {
 
 def precision_policy(precision: Precision) -> PrecisionPolicy:
     return POLICIES[Precision(precision)]
+
+
+def cpu_autocast(dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast("cpu", dtype)`` for mixed precision; nothing otherwise."""
+    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()

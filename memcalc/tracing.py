@@ -33,7 +33,7 @@ from memcalc.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.losses import compute_loss, make_target, primary_output
 from memcalc.offload import OffloadCounter
 from memcalc.optimizers import OptimizerRule
-from memcalc.precision import PrecisionPolicy
+from memcalc.precision import PrecisionPolicy, cpu_autocast
 from memcalc.specs import LossKind
 
 # Module paths given to storages made outside any submodule.
@@ -156,8 +156,7 @@ def _one_step(setup, model, batch, optimizer, watcher, cursor, ledger, target) -
     """One iteration as a step function: output and loss are released when it returns."""
     cursor.phase = Phase.FORWARD
     first_forward_record = len(ledger.records)
-    autocast = (torch.autocast("cpu", dtype=setup.policy.autocast_dtype)
-                if setup.policy.autocast_dtype is not None else contextlib.nullcontext())
+    autocast = cpu_autocast(setup.policy.autocast_dtype)
     with autocast:
         output = primary_output(model(batch))
         if not target:
