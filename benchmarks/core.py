@@ -47,6 +47,11 @@ def speed_rows() -> list[list[str]]:
              ("seed: resnet3d 834,224,834,3 b=2", ["--model", "resnet3d", "--shape", "834,224,834,3",
                                                    "--batch-size", "2"])]
     cases += [(f"{name} default shape b=1", ["--model", name]) for name in ZOO]
+    return cli_rows(cases)
+
+
+def cli_rows(cases: list[tuple[str, list[str]]]) -> list[list[str]]:
+    """Label, predicted total, wall seconds and peak RSS of a fresh CLI run per case."""
     rows = []
     for label, args in cases:
         wall, rss, report = cli_run(args)

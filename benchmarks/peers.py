@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
-from benchmarks.core import cli_run, markdown_table
+from benchmarks.core import cli_rows, markdown_table
 from benchmarks.peer_tools import (
     accelerate_rule,
     deepspeed_zero2_states,
@@ -102,12 +102,7 @@ def scaling_rows() -> list[list[str]]:
              for b in (1, 8, 64)]
     cases += [(f"{name} ({label}), batch 1", ["--model", name]) for name, label in
               (("mlp", "1 M"), ("gpt2", "124 M"), ("bert_large", "335 M"), ("llama_7b", "6.7 B"))]
-    rows = []
-    for label, args in cases:
-        wall, rss, report = cli_run(args)
-        rows.append([label, format_bytes(report["device"]["peak_bytes"]), f"{wall:.2f}",
-                     format_bytes(rss)])
-    return rows
+    return cli_rows(cases)
 
 
 def main() -> None:

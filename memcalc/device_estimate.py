@@ -34,6 +34,7 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
     per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
                         key=lambda item: (-item[1], item[0]))
     peak_record = ledger.peak_record()
+    compute_peak, optimizer_peak = ledger.phase_peaks()
     cuda_fields = {}
     if spec.device is DeviceKind.CUDA:
         workspaces = workspace_allocations(gpu, uses_matmul=bool(trace.op_names & CUBLAS_OPS))
@@ -51,7 +52,7 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
         top_modules=[ModuleActivation(module=name, activation_bytes=nbytes)
                      for name, nbytes in per_module[:TOP_MODULES]],
         peak_phase=peak_record.phase.value if peak_record else None,
-        compute_peak_bytes=ledger.phase_peaks()[0], optimizer_peak_bytes=ledger.phase_peaks()[1],
+        compute_peak_bytes=compute_peak, optimizer_peak_bytes=optimizer_peak,
         offloaded_bytes=trace.offloaded_bytes,
         timeline=[TimelinePoint(event=event, live_bytes=live, phase=phase, iteration=iteration)
                   for event, live, phase, iteration in ledger.timeline()],

@@ -62,6 +62,16 @@ class _Prepared:
             self.reports[batch_size] = self._report(batch_size)
         return self.reports[batch_size]
 
+    def flops_at(self, batch_size: int) -> int:
+        """FLOPs of one forward + loss + backward (recomputation included when checkpointing);
+        TraceError when the model cannot run on fake tensors."""
+        setup = replace(self.setup, batch_shape=(batch_size, *self.layout.traced_sample_shape))
+        try:
+            return step_flops(setup)
+        except Exception as error:   # the user's model may raise anything on fake tensors
+            raise TraceError(f"FLOPs could not be counted: {type(error).__name__}: "
+                             f"{error}") from error
+
     def _report(self, batch_size: int) -> DeviceReport:
         if self.trace_error is None:
             setup = replace(self.setup, batch_shape=(batch_size, *self.layout.traced_sample_shape))
@@ -111,7 +121,7 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     static = prepared.static_at(batch_size)
     host, throughput = host_and_throughput(
         spec, prepared.sample_shape, prepared.input_dtype_name, batch_size, static, device,
-        prepared.gpu, lambda batch: training_flops(spec, batch), measurement, progress)
+        prepared.gpu, prepared.flops_at, measurement, progress)
     return Report(
         spec=spec, gpu=prepared.gpu, model=_model_summary(spec, prepared.model, layers),
         input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
@@ -191,11 +201,5 @@ def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelS
 
 
 def training_flops(spec: TrainingSpec, batch_size: int = 1) -> int:
-    """FLOPs of one forward + loss + backward at ``batch_size`` (recomputation included when
-    checkpointing); raises TraceError when the model cannot run on fake tensors."""
-    prepared, _, _ = _prepare(spec, None)
-    setup = replace(prepared.setup, batch_shape=(batch_size, *prepared.layout.traced_sample_shape))
-    try:
-        return step_flops(setup)
-    except Exception as error:   # the user's model may raise anything on fake tensors
-        raise TraceError(f"FLOPs could not be counted: {type(error).__name__}: {error}") from error
+    """FLOPs of one forward + loss + backward at ``batch_size`` (``_Prepared.flops_at``)."""
+    return _prepare(spec, None)[0].flops_at(batch_size)

@@ -13,7 +13,7 @@ from memcalc.strategies.specs import INTERCONNECT_GBPS, ClusterSpec, Interconnec
 def bandwidth_bytes_per_s(cluster: ClusterSpec, gpus: int) -> float:
     """Across nodes the slower InfiniBand link sets the pace."""
     link = cluster.interconnect
-    if gpus > cluster.gpus_per_node and cluster.gpus > 1 or (cluster.gpus == 1 and gpus > 8):
+    if gpus > cluster.gpus_per_node_for(gpus):
         link = Interconnect.INFINIBAND
     return INTERCONNECT_GBPS[link] * 1e9
 

@@ -10,16 +10,12 @@ from memcalc.host.report import HostReport
 from memcalc.strategies.report import Candidate
 from memcalc.strategies.specs import ClusterSpec
 
-GPUS_PER_NODE_BEYOND_GIVEN = 8
 SCRIPT = "train.py"
 
 
 def node_layout(candidate: Candidate, cluster: ClusterSpec) -> tuple[int, int]:
     """(nodes, GPUs per node) the candidate runs on."""
-    if candidate.gpus <= cluster.gpus:
-        per_node = min(candidate.gpus, cluster.gpus_per_node)
-    else:
-        per_node = min(candidate.gpus, max(cluster.gpus_per_node, GPUS_PER_NODE_BEYOND_GIVEN))
+    per_node = cluster.gpus_per_node_for(candidate.gpus)
     return math.ceil(candidate.gpus / per_node), per_node
 
 

@@ -27,6 +27,9 @@ SXM, ~360 measured, rounded down), PCIe 4.0 x16 through the host, 200 Gb/s HDR I
 (one NIC per GPU), 25 GbE."""
 
 
+GPUS_PER_NODE_BEYOND_GIVEN = 8
+
+
 class Strategy(str, Enum):
     BASELINE = "baseline"
     MIXED_PRECISION = "mixed-precision"
@@ -64,3 +67,9 @@ class ClusterSpec(BaseModel):
     @property
     def gpus(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    def gpus_per_node_for(self, gpus: int) -> int:
+        """GPUs per node when a strategy uses ``gpus``: the nodes given, or, when one GPU was
+        given and a strategy needs more, nodes of ``GPUS_PER_NODE_BEYOND_GIVEN``."""
+        per_node = self.gpus_per_node if self.gpus > 1 else GPUS_PER_NODE_BEYOND_GIVEN
+        return min(gpus, per_node)
