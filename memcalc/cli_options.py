@@ -146,6 +146,9 @@ MODEL_OPTIONS = [
                  help="Activation checkpointing of the model's repeated blocks (traced)."),
     click.option("--offload-activations", is_flag=True,
                  help="Saved activations in host memory (torch.autograd.graph.save_on_cpu)."),
+    click.option("--spatial-parts", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Spatial parallelism: split every sample along its longest spatial axis "
+                      "over this many GPUs; the estimate is one GPU's."),
     click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True),
     click.option("--gpu", help="GPU from `memcalc gpus` (case-insensitive), e.g. H100-80GB."),
     click.option("--gpu-memory", type=SizeType(),
@@ -160,8 +163,9 @@ MODEL_OPTIONS = [
 def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> TrainingSpec:
     """The model options (popped from ``options``) as a spec."""
     names = ("model_name", "model_args", "shape", "layout", "input_dtype", "batch_size", "loss",
-             "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing", "offload_activations", "device",
-             "gpu", "gpu_memory", "headroom", "cuda_module_loading")
+             "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing",
+             "offload_activations", "spatial_parts", "device", "gpu", "gpu_memory", "headroom",
+             "cuda_module_loading")
     value = {name: options.pop(name) for name in names}
     return TrainingSpec(
         model=value["model_name"], model_args=dict(value["model_args"]),
@@ -169,7 +173,7 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
         batch_size=value["batch_size"], loss=value["loss"], optimizer=value["optimizer"],
         optimizer_impl=value["optimizer_impl"], zero_grad_to_none=value["zero_grad"] == "none",
         precision=value["precision"], activation_checkpointing=value["checkpointing"],
-        offload_activations=value["offload_activations"],
+        offload_activations=value["offload_activations"], spatial_parts=value["spatial_parts"],
         feed=FeedSpec(step_time_s=options.pop("step_time"), sample_time_s=options.pop("sample_time"),
                       read_bandwidth_bytes_per_s=options.pop("read_bandwidth"),
                       mfu=options.pop("mfu")),

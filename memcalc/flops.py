@@ -10,6 +10,7 @@ from memcalc._torch_internals import fake_cpu_mode, materialize_fake
 from memcalc.checkpointing import apply_checkpointing
 from memcalc.losses import compute_loss, make_target, primary_output
 from memcalc.precision import cpu_autocast
+from memcalc.spatial import ZeroHalos, apply_halo_exchange
 from memcalc.tracing import StepSetup
 
 
@@ -18,6 +19,8 @@ def step_flops(setup: StepSetup) -> int:
     with fake_cpu_mode():
         model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
         apply_checkpointing(model, list(setup.checkpoint_blocks))
+        if setup.halo_axis is not None:
+            apply_halo_exchange(model, setup.halo_axis, ZeroHalos())
         batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
         autocast = cpu_autocast(setup.policy.autocast_dtype)
         with FlopCounterMode(display=False) as counter:

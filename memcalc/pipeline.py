@@ -28,6 +28,7 @@ from memcalc.report import (
     Report,
     StaticEstimate,
 )
+from memcalc.spatial import not_splittable_reason, slab_shape, split_axis
 from memcalc.specs import INPUT_DTYPES, DeviceKind, OptimizerImpl, TrainingSpec
 from memcalc.static import layer_table, static_estimate
 from memcalc.tracing import StepSetup, trace_training_step
@@ -109,6 +110,13 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
         unsupported.append("activation checkpointing: no repeated blocks found, not applied")
     extra_assumptions = ([f"activation checkpointing (non-reentrant) of {len(blocks)} repeated "
                           f"blocks: {blocks[0]} … {blocks[-1]}"] if blocks else [])
+    if spec.spatial_parts > 1:
+        extra_assumptions.append(
+            f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "
+            f"every sample (input {layout_shape(prepared)}), its padded convolutions and pools "
+            f"receive halo rows from both neighbours ({format_bytes(device.halo_exchange_bytes)} "
+            "per iteration); weights replicated, their gradients all-reduced (buckets not "
+            "counted here)")
     if spec.offload_activations:
         extra_assumptions.append(
             f"activations offloaded as save_on_cpu does: every saved tensor copied to pinned "
@@ -137,6 +145,10 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     )
 
 
+def layout_shape(prepared: _Prepared) -> str:
+    return "×".join(str(dim) for dim in prepared.layout.traced_sample_shape)
+
+
 def _with_phases(point: PlanPoint, device: DeviceReport) -> PlanPoint:
     return point.model_copy(update={
         "allocated_bytes": device.peak_allocated_bytes,
@@ -160,7 +172,8 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
                       and measurement.sample_dtype in INPUT_DTYPES else None)
     dtype_name = spec.input_dtype or measured_dtype or source.default_input_dtype or "float32"
     input_dtype = INPUT_DTYPES[dtype_name]
-    layout = resolve_layout(model, sample_shape, spec.layout)
+    layout, halo_axis = _spatial_split(spec, model, resolve_layout(model, sample_shape,
+                                                                  spec.layout))
     if layout.layout == "token-ids" and input_dtype.is_floating_point:
         raise InputError(f"the first layer of {spec.model!r} is an embedding: token ids need "
                          f"an integer dtype, got --input-dtype {dtype_name}; use int64")
@@ -173,13 +186,34 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
                       keep_zeroed_grads=not spec.zero_grad_to_none,
                       checkpoint_blocks=tuple(repeated_blocks(model))
                       if spec.activation_checkpointing else (),
-                      offload_activations=spec.offload_activations)
+                      offload_activations=spec.offload_activations, halo_axis=halo_axis)
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
     prepared = _Prepared(spec, gpu, model, layout, setup, has_conv, leaf_output_elements,
                          sample_shape, dtype_name)
     return prepared, layers, table_error
+
+
+def _spatial_split(spec: TrainingSpec, model: torch.nn.Module,
+                   layout: LayoutDecision) -> tuple[LayoutDecision, int | None]:
+    """With ``spec.spatial_parts`` > 1: one GPU's slab as the traced shape, and the batch
+    axis whose convolutions exchange halos."""
+    parts, full = spec.spatial_parts, layout.traced_sample_shape
+    if parts == 1:
+        return layout, None
+    reason = not_splittable_reason(model, full)
+    if reason:
+        raise InputError(f"--spatial-parts {parts}: {spec.model!r} cannot be split spatially: "
+                         f"{reason}; drop --spatial-parts")
+    axis = split_axis(full)
+    if parts > full[axis]:
+        raise InputError(f"--spatial-parts {parts} is more than the {full[axis]} positions of "
+                         f"the longest spatial axis of {full}; use at most {full[axis]}")
+    slab = slab_shape(full, parts)
+    explanation = (f"{layout.explanation}; one of {parts} GPUs' slabs of every sample: axis "
+                   f"{axis} of {','.join(map(str, full))} split {full[axis]} → {slab[axis]}")
+    return replace(layout, traced_sample_shape=slab, explanation=explanation), 1 + axis
 
 
 def _foreach(spec: TrainingSpec) -> bool:

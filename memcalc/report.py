@@ -139,6 +139,8 @@ class DeviceReport(BaseModel):
     """Live bytes over the traced iterations, for the timeline picture."""
     offloaded_bytes: int = 0
     """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
+    halo_exchange_bytes: int = 0
+    """Halo rows one GPU receives in one iteration under spatial parallelism."""
     compute_peak_bytes: int | None = None
     """Live tensor bytes at the peak of forward + backward (traced only)."""
     optimizer_peak_bytes: int | None = None

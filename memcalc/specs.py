@@ -94,6 +94,9 @@ class TrainingSpec(BaseModel):
     """Checkpoint the model's repeated blocks (``memcalc.checkpointing``) in the traced step."""
     offload_activations: bool = False
     """Saved activations kept in host memory (``torch.autograd.graph.save_on_cpu``)."""
+    spatial_parts: int = Field(default=1, ge=1)
+    """Spatial parallelism: every sample split along its longest spatial axis over this many
+    GPUs (``memcalc.spatial``); the estimate is one GPU's, running its slab."""
     zero_grad_to_none: bool = True
     """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
     precision: Precision = Precision.FP32

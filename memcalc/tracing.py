@@ -34,6 +34,7 @@ from memcalc.losses import compute_loss, make_target, primary_output
 from memcalc.offload import OffloadCounter
 from memcalc.optimizers import OptimizerRule
 from memcalc.precision import PrecisionPolicy, cpu_autocast
+from memcalc.spatial import ZeroHalos, apply_halo_exchange
 from memcalc.specs import LossKind
 
 # Module paths given to storages made outside any submodule.
@@ -61,6 +62,8 @@ class StepSetup:
     """Modules whose forward runs under non-reentrant activation checkpointing."""
     offload_activations: bool = False
     """Saved activations go to host memory in forward and come back in backward."""
+    halo_axis: int | None = None
+    """Spatial parallelism: the batch axis split over GPUs; padded convs/pools exchange halos."""
     iterations: int = 2
 
 
@@ -72,6 +75,8 @@ class TraceResult:
     """ATen op names the step ran (``mm``, ``convolution``...)."""
     offloaded_bytes: int = 0
     """Host bytes the offloaded activations of one iteration take (0 without offloading)."""
+    halo_bytes: int = 0
+    """Halo rows one rank receives in one iteration (0 without spatial parallelism)."""
 
 
 class _Cursor:
@@ -118,6 +123,9 @@ def _trace(setup: StepSetup) -> TraceResult:
     watcher = StorageWatcher(on_new, ledger.free)
     model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
     apply_checkpointing(model, list(setup.checkpoint_blocks))
+    halo = ZeroHalos()
+    if setup.halo_axis is not None:
+        apply_halo_exchange(model, setup.halo_axis, halo)
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
     batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
@@ -129,20 +137,21 @@ def _trace(setup: StepSetup) -> TraceResult:
         with watcher, kernels:
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
             output_shape = _iterations(setup, model, batch, optimizer, watcher, cursor, ledger,
-                                       offload)
+                                       offload, halo)
     finally:
         for handle in handles:
             handle.remove()
     return TraceResult(ledger, output_shape, frozenset(watcher.op_names),
-                       offload.peak_bytes if offload else 0)
+                       offload.peak_bytes if offload else 0, halo.peak_bytes)
 
 
-def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload
+def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload, halo
                 ) -> tuple[int, ...]:
     target: list[torch.Tensor | None] = []
     output_shape: tuple[int, ...] = ()
     for iteration in range(1, setup.iterations + 1):
         cursor.iteration = iteration
+        halo.start_iteration()
         if offload is not None:
             offload.start_iteration()
         saved = offload.hooks() if offload is not None else contextlib.nullcontext()

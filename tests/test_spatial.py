@@ -1,0 +1,101 @@
+"""Spatial parallelism: slab arithmetic, which models split, halo bytes in closed form, and a
+real two-rank gloo run with halo exchange (exact numerics, its measured peak)."""
+
+import math
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from memcalc.errors import InputError
+from memcalc.measure_cpu import TrainingStep, measure_cpu_peak_bytes
+from memcalc.model_source import resolve_model
+from memcalc.optimizers import optimizer_rule
+from memcalc.pipeline import estimate
+from memcalc.spatial import (
+    MAX_ALIGNMENT,
+    not_splittable_reason,
+    slab_length,
+    split_axis,
+)
+from memcalc.specs import LossKind, TrainingSpec
+from tests.spatial_reference import halo_net, spatial_rank
+
+HALO_NET = "tests.spatial_reference:halo_net"
+FLOAT_BYTES = 4
+
+
+@pytest.mark.parametrize("length", [7, 10, 32, 64, 100, 224, 834, 1000])
+@pytest.mark.parametrize("parts", [1, 2, 3, 4, 8])
+def test_the_largest_slab_covers_its_share_and_keeps_the_axis_alignment(length, parts):
+    share = math.ceil(length / parts)
+    alignment = min(math.gcd(length, MAX_ALIGNMENT), 2 ** int(math.log2(share)))
+    slab = slab_length(length, parts)
+    assert slab % alignment == 0 and share <= slab < share + alignment
+    assert slab_length(length, 1) == length
+
+
+def test_the_longest_spatial_axis_is_split_first_of_equals():
+    assert split_axis((3, 834, 224, 834)) == 1
+    assert split_axis((1, 16, 64, 32)) == 2
+
+
+@pytest.mark.parametrize("name, splittable", [("resnet3d", True), ("unet3d", True),
+                                              ("resnet50", True), ("vit_b16", False),
+                                              ("gpt2", False), ("mlp", False)])
+def test_convolutional_models_split_and_attention_or_linear_ones_do_not(name, splittable):
+    source = resolve_model(name, {})
+    reason = not_splittable_reason(source.build_meta(), source.default_shape)
+    assert (reason is None) is splittable
+    if name == "vit_b16":
+        assert "attention" in reason
+
+
+def test_an_unsplittable_model_is_refused_with_the_reason():
+    with pytest.raises(InputError, match=r"'gpt2' cannot be split spatially: it has no conv"):
+        estimate(TrainingSpec(model="gpt2", spatial_parts=2, device="cpu", batch_size=1))
+
+
+def test_halo_bytes_are_the_padding_rows_of_every_padded_layer():
+    batch, height, width = 2, 48, 48
+    report = estimate(TrainingSpec(model=HALO_NET, sample_shape=(2, 64, height, width),
+                                   device="cpu", batch_size=batch, spatial_parts=2))
+    assert report.input.traced_batch_shape == (batch, 2, 32, height, width)
+    # (channels in, rows per side, height, width) of the layers padded along depth
+    padded = [(2, 1, height, width), (8, 1, height, width),
+              (16, 1, height // 2, width // 2), (8, 2, height, width)]
+    expected = sum(2 * rows * channels * h * w for channels, rows, h, w in padded)
+    assert report.device.halo_exchange_bytes == batch * FLOAT_BYTES * expected
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_real_two_rank_halo_exchange_matches_the_traced_slab():
+    """Two gloo ranks, each with half of every volume, reproduce the unsharded model; the
+    trace predicts a rank's peak with the same error as it predicts the unsharded step
+    (CPU convolutions' oneDNN copies, not traced, are the same share of both)."""
+    world, batch_shape = 2, (2, 2, 64, 48, 48)
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.spawn(spatial_rank, args=(world, _free_port(), batch_shape, results), nprocs=world,
+             join=True)
+    ranks = [results.get() for _ in range(world)]
+    torch.manual_seed(0)
+    unsharded = measure_cpu_peak_bytes(TrainingStep(
+        halo_net(), torch.randn(batch_shape), LossKind.CROSS_ENTROPY, optimizer_rule("adam"),
+        classes_last=False))
+
+    def traced(parts: int) -> int:
+        return estimate(TrainingSpec(model=HALO_NET, sample_shape=batch_shape[1:], device="cpu",
+                                     batch_size=batch_shape[0], spatial_parts=parts)
+                        ).device.total_bytes
+
+    spatial_error = [traced(world) / peak for _, _, _, peak in ranks]
+    unsharded_error = traced(1) / unsharded
+    for (_, output_error, grad_error, _), error in zip(ranks, spatial_error, strict=True):
+        assert output_error < 1e-5 and grad_error < 1e-5
+        assert error == pytest.approx(unsharded_error, rel=0.05)
