@@ -44,10 +44,12 @@ def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
 
 
 def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: str,
-         gpus: int = 1, nodes: int = 1, global_batch: int | None = None,
+         gpus: int = 1, nodes: int = 1, global_batch: int | None = None, max_gpus: int = 512,
          **options: Any) -> StrategyPlan:
-    """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP...) ranked."""
-    cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch)
+    """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP, spatial
+    parallelism...) ranked; ``max_gpus`` bounds how many GPUs one may ask for."""
+    cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
+                          max_gpus=max_gpus)
     return plan_strategies(training_spec(model, sample_shape, gpu=gpu, **options), cluster)
 
 

@@ -109,6 +109,8 @@ def check(ctx, as_json, **options) -> None:
 @click.option("--interconnect", type=enum_choice(Interconnect), default="nvlink", show_default=True,
               help="Link between the GPUs of a node; InfiniBand between nodes.")
 @click.option("--bucket-view", is_flag=True, help="DDP gradient_as_bucket_view=True.")
+@click.option("--max-gpus", type=click.IntRange(min=1), default=512, show_default=True,
+              help="With one GPU given: how many GPUs a strategy may ask for (1: this GPU only).")
 @click.option("--strategy", "forced", type=enum_choice(Strategy), help="Recommend this strategy.")
 @click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
               help="Print only the launch file for the recommended strategy.")
@@ -116,8 +118,8 @@ def check(ctx, as_json, **options) -> None:
 @feed_options
 @host_options
 @click.pass_context
-def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, forced, emit,
-         as_json, **options) -> None:
+def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
+         emit, as_json, **options) -> None:
     """Which strategy to use: each traced or derived, ranked, with launch files."""
     from memcalc.render_plan import plan_renderable
     from memcalc.strategies import ClusterSpec, plan_strategies
@@ -127,7 +129,8 @@ def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, for
         spec = training_spec(options, loader, machine)
         cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, global_batch=global_batch,
                               interconnect=interconnect, mfu=spec.feed.mfu,
-                              gradient_as_bucket_view=bucket_view, strategy=forced)
+                              gradient_as_bucket_view=bucket_view, strategy=forced,
+                              max_gpus=max_gpus)
         result = plan_strategies(spec, cluster)
         if emit == "torchrun":
             click.echo(result.torchrun or "")

@@ -32,8 +32,11 @@ def plan_renderable(plan: StrategyPlan) -> Group:
         head += (f"\nlargest sample that fits at batch 1 ({plan.largest_sample_strategy}): "
                  + ",".join(map(str, plan.largest_sample_shape)))
     hidden = len(plan.candidates) - len(shown)
+    captions = (["batch/GPU of spatial×G: samples per group of G GPUs, each GPU a slab"]
+                if any(c.spatial_parts > 1 for c in shown) else [])
     if hidden:
-        table.caption = f"{hidden} distributed candidates that do not fit are in --json"
+        captions.append(f"{hidden} distributed candidates that do not fit are in --json")
+    table.caption = "; ".join(captions) or None
     parts = [table, Panel(head, title="memcalc plan", expand=False)]
     if plan.slurm:
         parts.append(Panel("\n".join(plan.slurm), title="SLURM (--emit slurm)", title_align="left"))

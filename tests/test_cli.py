@@ -91,6 +91,13 @@ COMMAND_BAD_INVOCATIONS = {
                                "-1"], 2, r"--workers must be counts of 0 or more"),
     "unknown layout": (["estimate", "--model", "mlp", "--layout", "nhwc"], 2,
                        r"'--layout': 'nhwc' is not one of"),
+    "spatial split of a transformer": (["estimate", "--model", "gpt2", "--spatial-parts", "2"],
+                                       2, r"'gpt2' cannot be split spatially: it has no conv"),
+    "more slabs than positions": (["estimate", "--model", "resnet3d", "--shape", "3,8,8,4",
+                                   "--spatial-parts", "16"], 2,
+                                  r"--spatial-parts 16 is more than the 8 positions"),
+    "zero GPUs at most": (["plan", "--model", "mlp", "--gpu", "T4", "--max-gpus", "0"], 2,
+                          r"'--max-gpus': 0 is not in the range x>=1"),
 }
 
 HOST_BAD_INVOCATIONS = {

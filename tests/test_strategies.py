@@ -44,21 +44,42 @@ def test_llama_7b_gets_the_cheapest_strategy_that_fits(llama_plan):
     assert not by_label(llama_plan, "ddp").fits and not by_label(llama_plan, "zero1").fits
 
 
-def test_the_seed_volume_on_a_24gb_gpu_gets_a_crop_that_fits():
-    spec = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-4090",
-                        machine=MACHINE)
-    plan = plan_strategies(spec, ClusterSpec())
+SEED = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-4090",
+                    machine=MACHINE)
+
+
+def test_the_seed_volume_on_a_24gb_gpu_is_split_spatially_with_its_new_max_batch():
+    plan = plan_strategies(SEED, ClusterSpec())
+    # one whole volume needs more than the card with every single-GPU lever
+    assert all(c.per_gpu_peak_bytes > plan.usable_bytes for c in plan.candidates if c.gpus == 1)
+    chosen = by_label(plan, plan.recommended)
+    assert chosen.strategy is Strategy.SPATIAL and chosen.gpus == chosen.spatial_parts > 1
+    assert chosen.fits and chosen.max_batch_size >= 1 and chosen.global_batch_size >= 1
+    assert chosen.per_gpu_peak_bytes <= plan.usable_bytes
+    assert chosen.gpus == min(c.gpus for c in plan.candidates if c.fits)
+    assert f"--nproc-per-node={chosen.gpus}" in plan.torchrun and "nothing fits on 1" in plan.reason
+    # with checkpointing: the traced slab of its GPU count fits its batch, half as many do not
+    checkpointed = next(c for c in plan.candidates if c.fits and c.strategy is Strategy.SPATIAL
+                        and c.label.endswith("mixed-precision+checkpointing"))
+    lever = SEED.with_changes(gpu=None, precision="bf16-mixed", activation_checkpointing=True)
+    parts = checkpointed.spatial_parts
+    fitting = lever.with_changes(spatial_parts=parts, batch_size=checkpointed.max_batch_size)
+    assert estimate(fitting).device.total_bytes <= plan.usable_bytes
+    fewer = lever.with_changes(spatial_parts=parts // 2, batch_size=1)
+    assert estimate(fewer).device.total_bytes > plan.usable_bytes
+
+
+def test_the_seed_volume_on_one_gpu_only_gets_a_crop_that_fits():
+    plan = plan_strategies(SEED, ClusterSpec(max_gpus=1))
+    assert {c.gpus for c in plan.candidates} == {1}
     assert plan.recommended is None and "crops" in plan.reason
     crop = plan.largest_sample_shape
     assert crop[-1] == 3 and all(c < s for c, s in zip(crop[:3], (834, 224, 834), strict=True))
     levers = {"mixed-precision+checkpointing": {"activation_checkpointing": True},
               "mixed-precision+offload": {"offload_activations": True}}
-    leanest = spec.with_changes(sample_shape=crop, batch_size=1, gpu=None, precision="bf16-mixed",
-                                **levers[plan.largest_sample_strategy])
+    leanest = SEED.with_changes(sample_shape=crop, batch_size=1, gpu=None,
+                                precision="bf16-mixed", **levers[plan.largest_sample_strategy])
     assert estimate(leanest).device.total_bytes <= plan.usable_bytes
-    # the full volume needs more than the card with every single-GPU lever
-    full = [c for c in plan.candidates if c.gpus == 1]
-    assert all(c.per_gpu_peak_bytes > plan.usable_bytes for c in full)
 
 
 def test_data_parallel_on_the_gpus_given_with_accumulation_to_the_global_batch():

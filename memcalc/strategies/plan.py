@@ -8,6 +8,7 @@ from memcalc.errors import InputError
 from memcalc.gpus import find_gpu
 from memcalc.model_source import resolve_model
 from memcalc.pipeline import estimate
+from memcalc.spatial import not_splittable_reason
 from memcalc.specs import DeviceKind, Precision, TrainingSpec
 from memcalc.strategies.candidates import (
     DISTRIBUTED,
@@ -20,6 +21,7 @@ from memcalc.strategies.candidates import (
 from memcalc.strategies.launch import slurm_header, torchrun_command
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.sharding import ModelStates, largest_unit_fraction
+from memcalc.strategies.spatial import MAX_TRACES_PER_BASE, fewest_spatial_parts
 from memcalc.strategies.specs import ClusterSpec, Strategy
 from memcalc.units import format_bytes
 
@@ -40,10 +42,14 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
     leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
                                            v.report.device.plan.model_bytes))
     bases = [v for v in variants if v.strategy is not Strategy.ACCUMULATION]
+    not_splittable = not_splittable_reason(model, baseline.report.input.traced_batch_shape[1:])
     for base in bases:
         states = _states(base, largest_unit_fraction(model))
-        for strategy in DISTRIBUTED:
-            candidates.append(_at_fitting_size(strategy, base, cluster, gpu, states))
+        if cluster.gpus > 1 or cluster.max_gpus > 1:
+            candidates += [_at_fitting_size(s, base, cluster, gpu, states) for s in DISTRIBUTED]
+        if not_splittable is None and base.report.device.plan.max_batch_size == 0:
+            spatial = fewest_spatial_parts(base, cluster, gpu, states)
+            candidates.extend([spatial] if spatial else [])
     ranked = sorted(candidates, key=lambda c: _rank_key(c, cluster))
     chosen = _choose(ranked, cluster)
     usable = baseline.report.device.plan.usable_bytes
@@ -51,10 +57,10 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
     crop = None if chosen or cluster.strategy else largest_fitting_sample(leanest, usable)
     return StrategyPlan(
         cluster=cluster, usable_bytes=usable, candidates=ranked,
-        recommended=chosen.label if chosen else None, reason=_reason(chosen, ranked, cluster, usable),
+        recommended=chosen.label if chosen else None, reason=_reason(chosen, ranked, cluster, usable, not_splittable),
         torchrun=torchrun_command(chosen, cluster) if chosen else None,
         slurm=slurm_header(chosen, cluster, host) if chosen else None,
-        assumptions=_assumptions(spec, cluster, model),
+        assumptions=_assumptions(spec, cluster, model, not_splittable),
         largest_sample_shape=crop,
         largest_sample_strategy=leanest.label if crop else None,
     )
@@ -145,29 +151,52 @@ def _choose(ranked: list[Candidate], cluster: ClusterSpec) -> Candidate | None:
 
 
 def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterSpec,
-            usable: int) -> str:
+            usable: int, not_splittable: str | None) -> str:
     if chosen is None:
         best = min(ranked, key=lambda c: c.per_gpu_peak_bytes)
+        if not_splittable:
+            why = f"and the model cannot split a sample spatially ({not_splittable})"
+        elif cluster.gpus == 1 and cluster.max_gpus == 1:
+            why = "and one GPU allows no spatial split (--max-gpus 1)"
+        else:
+            why = f"nor does a sample split spatially over up to {cluster.max_gpus} GPUs"
         return (f"nothing fits in {format_bytes(usable)} per GPU on up to {cluster.max_gpus} "
-                f"GPUs: one sample needs {format_bytes(best.per_gpu_peak_bytes)} per GPU at "
-                f"least ({best.label}); the activations of one sample do not shard — train on "
-                "crops (largest_sample_shape) or use a larger GPU")
+                f"GPU(s): one sample needs {format_bytes(best.per_gpu_peak_bytes)} per GPU at "
+                f"least ({best.label}); sharding states does not shard the activations of one "
+                f"sample, {why} — train on crops (largest_sample_shape) or use a larger GPU")
     if cluster.strategy is not None:
         return f"forced by --strategy {cluster.strategy.value}" + (
             "" if chosen.fits else f"; it does NOT fit ({format_bytes(chosen.per_gpu_peak_bytes)} "
             f"per GPU > {format_bytes(usable)})")
-    fitting = sum(c.fits for c in ranked)
-    where = (f"on the {cluster.gpus} GPU(s) given" if chosen.gpus <= cluster.gpus
-             else f"needs {chosen.gpus} GPUs: nothing fits on {cluster.gpus}")
+    fitting = [c for c in ranked if c.fits]
+    beyond = chosen.gpus > cluster.gpus
+    where = (f"needs {chosen.gpus} GPUs: nothing fits on {cluster.gpus}" if beyond
+             else f"on the {cluster.gpus} GPU(s) given")
     samples = "sample" if chosen.max_batch_size == 1 else "samples"
-    return (f"{chosen.label}: {chosen.max_batch_size} {samples} per GPU fit "
-            f"({format_bytes(chosen.per_gpu_peak_bytes)} of {format_bytes(usable)} usable), "
-            f"{chosen.samples_per_s:,.1f} samples/s {where}; the fastest of the {fitting} "
-            "candidates that fit")
+    holder = ("GPU" if chosen.spatial_parts == 1 else
+              f"group of {chosen.spatial_parts} GPUs (each GPU a 1/{chosen.spatial_parts} slab)")
+    reason = (f"{chosen.label}: {chosen.max_batch_size} {samples} per {holder} fit "
+              f"({format_bytes(chosen.per_gpu_peak_bytes)} of {format_bytes(usable)} usable), "
+              f"{chosen.samples_per_s:,.1f} samples/s {where}; " + (
+                  f"the fastest on the fewest GPUs of the {len(fitting)} candidates that fit"
+                  if beyond else f"the fastest of the {sum(c.gpus <= cluster.gpus for c in fitting)}"
+                  " candidates that fit on them"))
+    thriftier = max(fitting, key=lambda c: c.samples_per_s / c.gpus)
+    if thriftier.samples_per_s / thriftier.gpus > 1.5 * chosen.samples_per_s / chosen.gpus:
+        reason += (f"; more per GPU-hour: {thriftier.label} on {thriftier.gpus} GPUs, "
+                   f"{thriftier.samples_per_s:,.1f} samples/s")
+    return reason
 
 
-def _assumptions(spec: TrainingSpec, cluster: ClusterSpec, model) -> list[str]:
+def _assumptions(spec: TrainingSpec, cluster: ClusterSpec, model,
+                 not_splittable: str | None) -> list[str]:
     blocks = repeated_blocks(model)
+    spatial = (f"spatial parallelism not applicable: {not_splittable}" if not_splittable else
+               "spatial parallelism, when one sample does not fit one GPU: every sample split "
+               "along its longest spatial axis over the fewest GPUs (powers of two, at most "
+               f"{MAX_TRACES_PER_BASE} traced) whose slab fits, traced on one interior slab with "
+               "its halo receive buffers and concatenations; halos timed at the interconnect "
+               "bandwidth, weights replicated with DDP's buckets")
     return [
         "single-GPU candidates are traced (their own batch plan); distributed ones are derived "
         "from each of them: their traced forward/backward and optimizer-step lines, sharded "
@@ -182,4 +211,5 @@ def _assumptions(spec: TrainingSpec, cluster: ClusterSpec, model) -> list[str]:
         "transfers are not modelled",
         f"when one GPU is given, distributed strategies are sized to the fewest GPUs (powers of "
         f"two up to {cluster.max_gpus}) that fit; 8 GPUs per node beyond one node",
+        spatial,
     ]

@@ -18,6 +18,8 @@ class Candidate(BaseModel):
     label: str
     """The strategy and what it is combined with, e.g. ``fsdp + mixed-precision``."""
     gpus: int
+    spatial_parts: int = 1
+    """GPUs that share every sample (spatial parallelism); 1: each GPU holds whole samples."""
     method: str
     """``traced`` (its own traced steps) or ``derived from <label>`` (closed form on a trace)."""
     per_gpu_peak_bytes: int

@@ -43,6 +43,7 @@ class Strategy(str, Enum):
     ZERO2 = "zero2"
     FSDP = "fsdp"
     PIPELINE = "pipeline"
+    SPATIAL = "spatial"
 
 
 class ClusterSpec(BaseModel):

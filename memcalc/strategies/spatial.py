@@ -1,0 +1,60 @@
+"""Spatial-parallel candidates: when one sample does not fit a GPU, split every sample over
+the fewest GPUs (powers of two) whose traced slab fits (``memcalc.spatial``)."""
+
+from __future__ import annotations
+
+from memcalc.gpus import GpuSpec
+from memcalc.spatial import split_axis
+from memcalc.strategies.candidates import (
+    TracedVariant,
+    distributed_candidate,
+    traced_variant,
+)
+from memcalc.strategies.report import Candidate
+from memcalc.strategies.sharding import ModelStates
+from memcalc.strategies.specs import ClusterSpec, Strategy
+
+MAX_TRACES_PER_BASE = 3
+"""Slab sizes traced per base variant, from the predicted fewest GPUs upwards."""
+
+
+def part_counts(cluster: ClusterSpec, axis_length: int) -> list[int]:
+    """GPUs per sample to try: powers of two from 2; they divide the GPUs given, or, with one
+    GPU given, reach ``cluster.max_gpus``; never more than the axis has positions."""
+    limit = cluster.gpus if cluster.gpus > 1 else cluster.max_gpus
+    counts, parts = [], 2
+    while parts <= min(limit, axis_length):
+        if cluster.gpus == 1 or cluster.gpus % parts == 0:
+            counts.append(parts)
+        parts *= 2
+    return counts
+
+
+def predicted_parts(base: TracedVariant, counts: list[int]) -> list[int]:
+    """The counts from the first whose share of the base's per-sample line fits; the halo
+    exchange adds to that, so the prediction is a lower bound confirmed by tracing."""
+    plan = base.report.device.plan
+    for index, parts in enumerate(counts):
+        if plan.model_bytes + plan.per_sample_bytes / parts <= plan.usable_bytes:
+            return counts[index:]
+    return []
+
+
+def fewest_spatial_parts(base: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec,
+                         states: ModelStates) -> Candidate | None:
+    """``base`` split spatially over the fewest GPUs that fit (traced there), or the last one
+    traced when none of ``MAX_TRACES_PER_BASE`` fits; None when no count can fit or the
+    slab cannot be traced."""
+    sample_shape = base.report.input.traced_batch_shape[1:]
+    counts = part_counts(cluster, sample_shape[split_axis(sample_shape)])
+    candidate = None
+    for parts in predicted_parts(base, counts)[:MAX_TRACES_PER_BASE]:
+        variant = traced_variant(base.strategy, base.spec.with_changes(spatial_parts=parts))
+        if variant.report.device.method != "traced":
+            return None
+        gpus = cluster.gpus if cluster.gpus > 1 else parts
+        candidate = distributed_candidate(Strategy.SPATIAL, variant, gpus, cluster, gpu, states)
+        usable = variant.report.device.plan.usable_bytes
+        if candidate.fits or candidate.per_gpu_peak_bytes <= usable:
+            return candidate   # fits, or held back by host RAM, which more GPUs do not add
+    return candidate
