@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from models_zoo.resnet_stages import build_stages
+from models_zoo.resnet_stages import BottleneckBlock, build_stages
 
 
-class Bottleneck(nn.Module):
+class Bottleneck(BottleneckBlock):
     expansion = 4
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
@@ -25,13 +25,6 @@ class Bottleneck(nn.Module):
             self.downsample = nn.Sequential(
                 nn.Conv2d(in_planes, width, 1, stride=stride, bias=False), nn.BatchNorm2d(width)
             )
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
 
 
 class ResNet50(nn.Module):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from models_zoo.resnet_stages import build_stages
+from models_zoo.resnet_stages import BottleneckBlock, build_stages
 
 
 def _conv3x3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv3d:
@@ -30,7 +30,7 @@ class BasicBlock3d(nn.Module):
         return self.relu(out + identity)
 
 
-class Bottleneck3d(nn.Module):
+class Bottleneck3d(BottleneckBlock):
     expansion = 4
 
     def __init__(self, in_planes: int, planes: int, stride: int = 1) -> None:
@@ -43,13 +43,6 @@ class Bottleneck3d(nn.Module):
         self.bn3 = nn.BatchNorm3d(planes * self.expansion)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = _shortcut(in_planes, planes * self.expansion, stride)
-
-    def forward(self, x):
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
 
 
 def _shortcut(in_planes: int, out_planes: int, stride: int) -> nn.Module | None:

@@ -43,7 +43,7 @@ class UNet3d(nn.Module):
             x = encoder(x if index == 0 else self.pool(x))
             skips.append(x)
         x = skips.pop()
-        for upsample, decoder in zip(self.upsamplers, self.decoders):
+        for upsample, decoder in zip(self.upsamplers, self.decoders, strict=True):
             x = decoder(torch.cat([upsample(x), skips.pop()], dim=1))
         return self.head(x)
 
