@@ -54,6 +54,7 @@ def test_the_seed_volume_on_a_24gb_gpu_is_split_spatially_with_its_new_max_batch
     assert all(c.per_gpu_peak_bytes > plan.usable_bytes for c in plan.candidates if c.gpus == 1)
     chosen = by_label(plan, plan.recommended)
     assert chosen.strategy is Strategy.SPATIAL and chosen.gpus == chosen.spatial_parts > 1
+    assert chosen.method.startswith(f"traced slab (1/{chosen.spatial_parts}) of ")
     assert chosen.fits and chosen.max_batch_size >= 1 and chosen.global_batch_size >= 1
     assert chosen.per_gpu_peak_bytes <= plan.usable_bytes
     assert chosen.gpus == min(c.gpus for c in plan.candidates if c.fits)

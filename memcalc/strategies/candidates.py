@@ -171,9 +171,11 @@ def distributed_candidate(strategy: Strategy, base: TracedVariant, gpus: int,
     name = (f"spatial×{base.spec.spatial_parts}" if strategy is Strategy.SPATIAL
             else strategy.value)
     label = name if base.strategy is Strategy.BASELINE else f"{name} + {base.label}"
-    return make_candidate(strategy, label, gpus, f"derived from {base.label}", peak, micro,
-                          steps, global_batch, flops, compute_s, communication, notes,
-                          spatial_parts=base.spec.spatial_parts)
+    parts = base.spec.spatial_parts
+    method = (f"traced slab (1/{parts}) of {base.label}" if strategy is Strategy.SPATIAL
+              else f"derived from {base.label}")
+    return make_candidate(strategy, label, gpus, method, peak, micro, steps, global_batch,
+                          flops, compute_s, communication, notes, spatial_parts=parts)
 
 
 def _strategy_lines(strategy: Strategy, base: TracedVariant, gpus: int, cluster: ClusterSpec,

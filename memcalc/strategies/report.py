@@ -21,7 +21,8 @@ class Candidate(BaseModel):
     spatial_parts: int = 1
     """GPUs that share every sample (spatial parallelism); 1: each GPU holds whole samples."""
     method: str
-    """``traced`` (its own traced steps) or ``derived from <label>`` (closed form on a trace)."""
+    """``traced`` (its own traced steps), ``derived from <label>`` (closed form on a trace) or
+    ``traced slab (1/G) of <label>`` (spatial: one GPU's slab traced, buckets added)."""
     per_gpu_peak_bytes: int
     """Predicted per-GPU total (nvidia-smi) at ``max_batch_size``, or at batch 1 when it does
     not fit."""
