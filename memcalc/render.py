@@ -83,9 +83,12 @@ def _plan_panel(report: Report) -> Panel:
         f"per sample (line through traced batches {plan.fit_batches[0]} and {plan.fit_batches[1]})",
     ]
     if plan.max_batch_size == 0:
+        levers = ("mixed precision, checkpointing, offloading or splitting each sample over "
+                  "GPUs (spatial parallelism)" if plan.per_sample_bytes > plan.model_bytes else
+                  "mixed precision, ZeRO / FSDP sharding or a pipeline over GPUs")
         lines.append(f"[bold red]batch 1 does not fit[/]: it needs "
                      f"{format_bytes(plan.points[0].total_bytes)}; lower the input size or use "
-                     "bf16-mixed precision, activation checkpointing or FSDP / model parallelism")
+                     f"{levers} — `memcalc plan` traces and ranks them")
     else:
         state = "confirmed" if plan.confirmed else "NOT confirmed"
         lines.append(f"[bold]largest batch that fits: {plan.max_batch_size}[/] ({state} by "
