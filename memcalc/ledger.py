@@ -26,6 +26,22 @@ class Phase(str, Enum):
 
 
 @dataclass
+class IterationBytes:
+    """Bytes a step moves off the device per iteration (offloaded to the host, received from
+    neighbouring GPUs): the current iteration's and the most in any iteration."""
+
+    current_bytes: int = 0
+    peak_bytes: int = 0
+
+    def start_iteration(self) -> None:
+        self.current_bytes = 0
+
+    def add(self, nbytes: int) -> None:
+        self.current_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
+
+@dataclass
 class StorageRecord:
     """One storage: its size, where it was made, and what it turned out to be."""
 

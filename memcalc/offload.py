@@ -10,27 +10,18 @@ pinned host memory the offload needs.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
 
 import torch
 
+from memcalc.ledger import IterationBytes
 
-@dataclass
-class OffloadCounter:
+
+class OffloadCounter(IterationBytes):
     """Bytes sent to the host in the current iteration and the most in any iteration."""
-
-    current_bytes: int = 0
-    peak_bytes: int = 0
-    _packed: list = field(default_factory=list)
-
-    def start_iteration(self) -> None:
-        self.current_bytes = 0
 
     def hooks(self) -> contextlib.AbstractContextManager:
         def pack(tensor: torch.Tensor):
-            nbytes = tensor.numel() * tensor.element_size()   # .to("cpu") copies the view
-            self.current_bytes += nbytes
-            self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+            self.add(tensor.numel() * tensor.element_size())   # .to("cpu") copies the view
             return tensor.size(), tensor.stride(), tensor.dtype, tensor.requires_grad
 
         def unpack(packed) -> torch.Tensor:

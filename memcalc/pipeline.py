@@ -113,8 +113,8 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     if spec.spatial_parts > 1:
         extra_assumptions.append(
             f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "
-            f"every sample (input {layout_shape(prepared)}), its padded convolutions and pools "
-            f"receive halo rows from both neighbours ({format_bytes(device.halo_exchange_bytes)} "
+            f"every sample (input {prepared.layout.traced_sample_shape}), its padded convolutions "
+            f"and pools receive halo rows from both neighbours ({format_bytes(device.halo_exchange_bytes)} "
             "per iteration); weights replicated, their gradients all-reduced (buckets not "
             "counted here)")
     if spec.offload_activations:
@@ -143,10 +143,6 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
         unsupported=unsupported + unsupported_cuda_effects(spec), host=host,
         throughput=throughput,
     )
-
-
-def layout_shape(prepared: _Prepared) -> str:
-    return "×".join(str(dim) for dim in prepared.layout.traced_sample_shape)
 
 
 def _with_phases(point: PlanPoint, device: DeviceReport) -> PlanPoint:
@@ -212,7 +208,7 @@ def _spatial_split(spec: TrainingSpec, model: torch.nn.Module,
                          f"the longest spatial axis of {full}; use at most {full[axis]}")
     slab = slab_shape(full, parts)
     explanation = (f"{layout.explanation}; one of {parts} GPUs' slabs of every sample: axis "
-                   f"{axis} of {','.join(map(str, full))} split {full[axis]} → {slab[axis]}")
+                   f"{axis} of {full} split {full[axis]} → {slab[axis]}")
     return replace(layout, traced_sample_shape=slab, explanation=explanation), 1 + axis
 
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from memcalc.layout import CONV_TYPES
+from memcalc.ledger import IterationBytes
 
 _POOL_TYPES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
                nn.AvgPool3d)
@@ -41,23 +41,15 @@ PadWithHalos = Callable[[torch.Tensor, int, int], torch.Tensor]
 """``(slab, batch_axis, rows) → slab with ``rows`` halo rows on both sides of the axis``."""
 
 
-@dataclass
-class ZeroHalos:
-    """Halos for the trace: new tensors of the neighbours' rows (the receive buffers), and
-    the bytes received in the current iteration and the most in any iteration."""
-
-    current_bytes: int = 0
-    peak_bytes: int = 0
-
-    def start_iteration(self) -> None:
-        self.current_bytes = 0
+class ZeroHalos(IterationBytes):
+    """Halos for the trace: new tensors of the neighbours' rows (the receive buffers); the
+    bytes received per iteration are counted."""
 
     def __call__(self, slab: torch.Tensor, batch_axis: int, rows: int) -> torch.Tensor:
         shape = list(slab.shape)
         shape[batch_axis] = rows
         before, after = slab.new_zeros(shape), slab.new_zeros(shape)
-        self.current_bytes += 2 * before.numel() * before.element_size()
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+        self.add(2 * before.numel() * before.element_size())
         return torch.cat([before, slab, after], dim=batch_axis)
 
 

@@ -132,7 +132,7 @@ def _trace(setup: StepSetup) -> TraceResult:
     _label(watcher, [batch], MemoryCategory.INPUT)
     handles = _track_modules(model, cursor)
     kernels = CudaKernelMode() if setup.cuda_kernels else contextlib.nullcontext()
-    offload = OffloadCounter() if setup.offload_activations else None
+    offload = OffloadCounter()
     try:
         with watcher, kernels:
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
@@ -141,8 +141,8 @@ def _trace(setup: StepSetup) -> TraceResult:
     finally:
         for handle in handles:
             handle.remove()
-    return TraceResult(ledger, output_shape, frozenset(watcher.op_names),
-                       offload.peak_bytes if offload else 0, halo.peak_bytes)
+    return TraceResult(ledger, output_shape, frozenset(watcher.op_names), offload.peak_bytes,
+                       halo.peak_bytes)
 
 
 def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload, halo
@@ -152,9 +152,8 @@ def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload
     for iteration in range(1, setup.iterations + 1):
         cursor.iteration = iteration
         halo.start_iteration()
-        if offload is not None:
-            offload.start_iteration()
-        saved = offload.hooks() if offload is not None else contextlib.nullcontext()
+        offload.start_iteration()
+        saved = offload.hooks() if setup.offload_activations else contextlib.nullcontext()
         with saved:
             output_shape = _one_step(setup, model, batch, optimizer, watcher, cursor, ledger,
                                      target)
