@@ -144,3 +144,20 @@ class _Hanging(nn.Module):
 
 def hanging():
     return _Hanging()
+
+
+class _ConvThenLinear(nn.Module):
+    """A convolution whose output is flattened into a linear layer of fixed width: traces on
+    its own shape, not on a spatial slab of it."""
+
+    def __init__(self, depth=64, side=32):
+        super().__init__()
+        self.conv = nn.Conv3d(1, 8, 3, padding=1)
+        self.head = nn.Linear(8 * depth * side * side, 2)
+
+    def forward(self, x):
+        return self.head(self.conv(x).flatten(1))
+
+
+def conv_then_linear():
+    return _ConvThenLinear()

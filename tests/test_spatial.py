@@ -2,6 +2,7 @@
 real two-rank gloo run with halo exchange (exact numerics, its measured peak)."""
 
 import math
+import re
 import socket
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from memcalc.errors import InputError
+from memcalc.gpus import find_gpu
 from memcalc.measure_cpu import TrainingStep, measure_cpu_peak_bytes
 from memcalc.model_source import resolve_model
 from memcalc.optimizers import optimizer_rule
@@ -20,10 +22,15 @@ from memcalc.spatial import (
     split_axis,
 )
 from memcalc.specs import LossKind, TrainingSpec
+from memcalc.strategies import ClusterSpec, Strategy
+from memcalc.strategies.candidates import traced_variant
+from memcalc.strategies.sharding import ModelStates
+from memcalc.strategies.spatial import fewest_spatial_parts
 from tests.spatial_reference import halo_net, spatial_rank
 
 HALO_NET = "tests.spatial_reference:halo_net"
 FLOAT_BYTES = 4
+GIB = 2**30
 
 
 @pytest.mark.parametrize("length", [7, 10, 32, 64, 100, 224, 834, 1000])
@@ -55,6 +62,21 @@ def test_convolutional_models_split_and_attention_or_linear_ones_do_not(name, sp
 def test_an_unsplittable_model_is_refused_with_the_reason():
     with pytest.raises(InputError, match=r"'gpt2' cannot be split spatially: it has no conv"):
         estimate(TrainingSpec(model="gpt2", spatial_parts=2, device="cpu", batch_size=1))
+
+
+def test_a_slab_that_cannot_be_traced_is_named_not_dropped():
+    spec = TrainingSpec(model="tests.models_for_tests:conv_then_linear",
+                        sample_shape=(1, 64, 32, 32), gpu_memory_bytes=GIB << 4)
+    line = estimate(spec).device.plan
+    # one sample does not fit, half of one would
+    capacity = (line.model_bytes + line.per_sample_bytes // 2) / (1 - spec.headroom_fraction)
+    base = traced_variant(Strategy.BASELINE, spec.with_changes(gpu_memory_bytes=int(capacity)))
+    assert base.report.device.plan.max_batch_size == 0
+    states = ModelStates(0, 0, 0, 0)
+    candidate, failure = fewest_spatial_parts(base, ClusterSpec(), find_gpu("T4"), states)
+    assert candidate is None
+    assert re.match(r"spatial×\d+ \+ baseline: the slab could not be traced \(traced step: .*"
+                    r"RuntimeError: .*32768\] X \[524288, 2\]", failure)
 
 
 def test_halo_bytes_are_the_padding_rows_of_every_padded_layer():

@@ -43,13 +43,15 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
                                            v.report.device.plan.model_bytes))
     bases = [v for v in variants if v.strategy is not Strategy.ACCUMULATION]
     not_splittable = not_splittable_reason(model, baseline.report.input.traced_batch_shape[1:])
+    spatial_failures: list[str] = []
     for base in bases:
         states = _states(base, largest_unit_fraction(model))
         if cluster.gpus > 1 or cluster.max_gpus > 1:
             candidates += [_at_fitting_size(s, base, cluster, gpu, states) for s in DISTRIBUTED]
         if not_splittable is None and base.report.device.plan.max_batch_size == 0:
-            spatial = fewest_spatial_parts(base, cluster, gpu, states)
+            spatial, failure = fewest_spatial_parts(base, cluster, gpu, states)
             candidates.extend([spatial] if spatial else [])
+            spatial_failures.extend([failure] if failure else [])
     ranked = sorted(candidates, key=lambda c: _rank_key(c, cluster))
     chosen = _choose(ranked, cluster)
     usable = baseline.report.device.plan.usable_bytes
@@ -60,7 +62,7 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
         recommended=chosen.label if chosen else None, reason=_reason(chosen, ranked, cluster, usable, not_splittable),
         torchrun=torchrun_command(chosen, cluster) if chosen else None,
         slurm=slurm_header(chosen, cluster, host) if chosen else None,
-        assumptions=_assumptions(spec, cluster, model, not_splittable),
+        assumptions=_assumptions(spec, cluster, model, not_splittable) + spatial_failures,
         largest_sample_shape=crop,
         largest_sample_strategy=leanest.label if crop else None,
     )

@@ -41,20 +41,21 @@ def predicted_parts(base: TracedVariant, counts: list[int]) -> list[int]:
 
 
 def fewest_spatial_parts(base: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec,
-                         states: ModelStates) -> Candidate | None:
+                         states: ModelStates) -> tuple[Candidate | None, str | None]:
     """``base`` split spatially over the fewest GPUs that fit (traced there), or the last one
-    traced when none of ``MAX_TRACES_PER_BASE`` fits; None when no count can fit or the
-    slab cannot be traced."""
+    traced when none of ``MAX_TRACES_PER_BASE`` fits; no candidate when no count can fit, and
+    none but the reason when a slab cannot be traced."""
     sample_shape = base.report.input.traced_batch_shape[1:]
     counts = part_counts(cluster, sample_shape[split_axis(sample_shape)])
     candidate = None
     for parts in predicted_parts(base, counts)[:MAX_TRACES_PER_BASE]:
         variant = traced_variant(base.strategy, base.spec.with_changes(spatial_parts=parts))
         if variant.report.device.method != "traced":
-            return None
+            failure = next((u for u in variant.report.unsupported if "traced step" in u), "")
+            return None, f"spatial×{parts} + {base.label}: the slab could not be traced ({failure})"
         gpus = cluster.gpus if cluster.gpus > 1 else parts
         candidate = distributed_candidate(Strategy.SPATIAL, variant, gpus, cluster, gpu, states)
         usable = variant.report.device.plan.usable_bytes
         if candidate.fits or candidate.per_gpu_peak_bytes <= usable:
-            return candidate   # fits, or held back by host RAM, which more GPUs do not add
-    return candidate
+            return candidate, None   # fits, or held back by host RAM: more GPUs do not help
+    return candidate, None
