@@ -82,7 +82,7 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     cap = host_offload_cap(variant, 1)
     if cap is not None and cap < micro:
         micro = cap
-    steps, global_batch = accumulation(cluster.global_batch, micro, 1)
+    steps, global_batch = _accumulation(cluster.global_batch, micro, 1)
     peak = (variant.report.device.total_bytes if micro == plan.max_batch_size   # traced there
             else _peak(plan.model_bytes, plan.per_sample_bytes, micro))
     compute = steps * compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
@@ -99,13 +99,13 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     if steps > 1 and variant.strategy is not Strategy.ACCUMULATION:
         notes.append("accumulating needs the gradients kept between micro-batches; see the "
                      "'accumulation' candidate for that peak")
-    return make_candidate(variant.strategy, variant.label, 1, "traced", peak, micro, steps,
+    return _candidate(variant.strategy, variant.label, 1, "traced", peak, micro, steps,
                       global_batch, variant.flops_per_sample * max(micro, 1) * steps, compute,
                       transfer, notes)
 
 
 @dataclass(frozen=True)
-class Line:
+class _Line:
     """bytes(b) = fixed + per_sample × b."""
 
     fixed: float
@@ -120,7 +120,7 @@ class Line:
         return max(0, math.floor((budget - self.fixed) / self.per_sample))
 
 
-def traced_lines(base: TracedVariant) -> tuple[Line, Line, float]:
+def _lines(base: TracedVariant) -> tuple[_Line, _Line, float]:
     """The traced compute and optimizer-step lines (live tensor bytes) and the allocator's
     reserve ratio, from the base's two fitted plan points."""
     plan = base.report.device.plan
@@ -128,9 +128,9 @@ def traced_lines(base: TracedVariant) -> tuple[Line, Line, float]:
     low, high = (points[b] for b in plan.fit_batches)
     span = high.batch_size - low.batch_size
 
-    def line(field: str) -> Line:
+    def line(field: str) -> _Line:
         slope = (getattr(high, field) - getattr(low, field)) / span
-        return Line(getattr(low, field) - slope * low.batch_size, slope)
+        return _Line(getattr(low, field) - slope * low.batch_size, slope)
 
     context = base.report.device.context_bytes or 0
     reserve = (high.total_bytes - context) / high.allocated_bytes
@@ -144,18 +144,18 @@ def distributed_candidate(strategy: Strategy, base: TracedVariant, gpus: int,
     For ``spatial`` the base is traced on one GPU's slab (``base.spec.spatial_parts``)."""
     device, plan = base.report.device, base.report.device.plan
     notes: list[str] = []
-    compute, step, reserve = traced_lines(base)
+    compute, step, reserve = _lines(base)
     compute, step, data_ranks = _strategy_lines(strategy, base, gpus, cluster, states, compute,
                                                 step, notes)
     context = device.context_bytes or 0
     budget = (plan.usable_bytes - context) / reserve
     micro = min(compute.largest_batch(budget), step.largest_batch(budget), 1 << 24)
-    cap = host_offload_cap(base, min(gpus, cluster.gpus_per_node if cluster.gpus > 1 else 8))
+    cap = host_offload_cap(base, cluster.gpus_per_node_for(gpus))
     if cap is not None and cap < micro:
         micro = cap
         notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
     peak = int(max(compute.at(max(micro, 1)), step.at(max(micro, 1))) * reserve + context)
-    steps, global_batch = accumulation(cluster.global_batch, micro, data_ranks)
+    steps, global_batch = _accumulation(cluster.global_batch, micro, data_ranks)
     if strategy is Strategy.PIPELINE and micro >= 1:
         steps = max(steps, 2 * gpus)       # micro-batches in flight keep the bubble small
         global_batch = steps * micro
@@ -168,24 +168,22 @@ def distributed_candidate(strategy: Strategy, base: TracedVariant, gpus: int,
     communication = (_communication(strategy, states, gpus, bandwidth)
                      + steps * 2 * halo_per_sample * max(micro, 1) / bandwidth
                      + steps * 2 * device.offloaded_bytes / HOST_LINK_BYTES_PER_S)
-    name = (f"spatial×{base.spec.spatial_parts}" if strategy is Strategy.SPATIAL
-            else strategy.value)
+    parts, spatial = base.spec.spatial_parts, strategy is Strategy.SPATIAL
+    name = f"spatial×{parts}" if spatial else strategy.value
     label = name if base.strategy is Strategy.BASELINE else f"{name} + {base.label}"
-    parts = base.spec.spatial_parts
-    method = (f"traced slab (1/{parts}) of {base.label}" if strategy is Strategy.SPATIAL
-              else f"derived from {base.label}")
-    return make_candidate(strategy, label, gpus, method, peak, micro, steps, global_batch,
-                          flops, compute_s, communication, notes, spatial_parts=parts)
+    method = f"traced slab (1/{parts}) of {base.label}" if spatial else f"derived from {base.label}"
+    return _candidate(strategy, label, gpus, method, peak, micro, steps, global_batch, flops,
+                      compute_s, communication, notes, spatial_parts=parts)
 
 
 def _strategy_lines(strategy: Strategy, base: TracedVariant, gpus: int, cluster: ClusterSpec,
-                    states: ModelStates, compute: Line, step: Line, notes: list[str]
-                    ) -> tuple[Line, Line, int]:
+                    states: ModelStates, compute: _Line, step: _Line, notes: list[str]
+                    ) -> tuple[_Line, _Line, int]:
     """The compute and optimizer-step lines under ``strategy``, and its data-parallel ranks."""
     data_ranks = gpus
     if strategy in (Strategy.DDP, Strategy.SPATIAL):
         buckets = ddp_bucket_bytes(states, cluster.gradient_as_bucket_view)
-        compute, step = shifted(compute, buckets), shifted(step, buckets)
+        compute, step = _shift(compute, buckets), _shift(step, buckets)
         notes.append("gradient buckets: a flat copy of the gradients"
                      if not cluster.gradient_as_bucket_view else "gradient_as_bucket_view")
     if strategy is Strategy.SPATIAL:
@@ -200,27 +198,27 @@ def _strategy_lines(strategy: Strategy, base: TracedVariant, gpus: int, cluster:
         unsharded = 1 - 1 / gpus
         # forward/backward: sharded optimizer state (and parameters at stage 3) leave; the
         # gathered units join; gradients are conservatively kept as traced
-        compute = shifted(compute, gathered_unit_bytes(states, stage) - unsharded * (
+        compute = _shift(compute, gathered_unit_bytes(states, stage) - unsharded * (
             states.optimizer_state_bytes + (states.parameter_bytes if stage >= 3 else 0)))
         # optimizer step: only the shard is stepped, so its temporaries shrink too
-        step = Line(sharded + (step.fixed - states.total_bytes) / gpus, step.per_sample)
+        step = _Line(sharded + (step.fixed - states.total_bytes) / gpus, step.per_sample)
     elif strategy is Strategy.DATA_PARALLEL:
         device = base.report.device
         per_input_sample = base.report.static.input_batch_bytes / max(device.batch_size, 1)
-        compute = Line(compute.fixed, compute.per_sample + (gpus - 1) * per_input_sample)
+        compute = _Line(compute.fixed, compute.per_sample + (gpus - 1) * per_input_sample)
         notes.append("legacy nn.DataParallel: GPU0 scatters every GPU's inputs and gathers "
                      "outputs; one process, slower than DDP")
     elif strategy is Strategy.PIPELINE:
-        compute = Line(compute.fixed / gpus, compute.per_sample)
-        step = Line(step.fixed / gpus, step.per_sample)
+        compute = _Line(compute.fixed / gpus, compute.per_sample)
+        step = _Line(step.fixed / gpus, step.per_sample)
         data_ranks = 1
         notes.append(f"{gpus} stages; the first stage keeps {gpus} micro-batches of its "
                      "layers' activations (1F1B), about one full micro-batch")
     return compute, step, data_ranks
 
 
-def shifted(line: Line, nbytes: float) -> Line:
-    return Line(line.fixed + nbytes, line.per_sample)
+def _shift(line: _Line, nbytes: float) -> _Line:
+    return _Line(line.fixed + nbytes, line.per_sample)
 
 
 def _distributed_compute(strategy, base, flops, gpus, steps, cluster, gpu) -> float:
@@ -239,7 +237,7 @@ def _communication(strategy: Strategy, states: ModelStates, gpus: int, bandwidth
     return 0.0   # pipeline: activations between stages, small next to the states
 
 
-def accumulation(global_batch: int | None, micro: int, ranks: int) -> tuple[int, int]:
+def _accumulation(global_batch: int | None, micro: int, ranks: int) -> tuple[int, int]:
     if micro < 1:
         return 1, 0
     if global_batch is None:
@@ -252,13 +250,12 @@ def _peak(model_bytes: int, per_sample: int, micro: int) -> int:
     return model_bytes + max(micro, 1) * per_sample
 
 
-def make_candidate(strategy, label, gpus, method, peak, micro, steps, global_batch, flops, compute,
-                   communication, notes, spatial_parts: int = 1) -> Candidate:
+def _candidate(strategy, label, gpus, method, peak, micro, steps, global_batch, flops, compute,
+               communication, notes, spatial_parts: int = 1) -> Candidate:
     step_time = compute + communication
     return Candidate(
         strategy=strategy, label=label, gpus=gpus, spatial_parts=spatial_parts, method=method,
         per_gpu_peak_bytes=peak, max_batch_size=micro, accumulation_steps=steps,
         global_batch_size=global_batch, flops_per_step=flops, compute_s=compute,
-        communication_s=communication,
-        step_time_s=step_time, samples_per_s=global_batch / step_time if step_time else 0.0,
+        communication_s=communication, step_time_s=step_time, samples_per_s=global_batch / step_time if step_time else 0.0,
         fits=micro >= 1, notes=notes)
