@@ -7,6 +7,7 @@ import pytest
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, Strategy, plan_strategies
+from memcalc.strategies.spatial import part_counts
 
 MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
 
@@ -59,6 +60,7 @@ def test_the_seed_volume_on_a_24gb_gpu_is_split_spatially_with_its_new_max_batch
     assert chosen.per_gpu_peak_bytes <= plan.usable_bytes
     assert chosen.gpus == min(c.gpus for c in plan.candidates if c.fits)
     assert f"--nproc-per-node={chosen.gpus}" in plan.torchrun and "nothing fits on 1" in plan.reason
+    assert any(f"init_device_mesh('cuda', (1, {chosen.spatial_parts})" in n for n in chosen.notes)
     # with checkpointing: the traced slab of its GPU count fits its batch, half as many do not
     checkpointed = next(c for c in plan.candidates if c.fits and c.strategy is Strategy.SPATIAL
                         and c.label.endswith("mixed-precision+checkpointing"))
@@ -68,6 +70,18 @@ def test_the_seed_volume_on_a_24gb_gpu_is_split_spatially_with_its_new_max_batch
     assert estimate(fitting).device.total_bytes <= plan.usable_bytes
     fewer = lever.with_changes(spatial_parts=parts // 2, batch_size=1)
     assert estimate(fewer).device.total_bytes > plan.usable_bytes
+
+
+@pytest.mark.parametrize("cluster, axis_length, expected", [
+    (ClusterSpec(), 834, [2 ** k for k in range(1, 10)]),          # up to max_gpus=512
+    (ClusterSpec(max_gpus=16), 834, [2, 4, 8, 16]),
+    (ClusterSpec(max_gpus=16), 5, [2, 4]),                          # no more parts than rows
+    (ClusterSpec(gpus_per_node=8), 834, [2, 4, 8]),                 # divisors of the GPUs given
+    (ClusterSpec(gpus_per_node=6), 834, [2]),
+    (ClusterSpec(max_gpus=1), 834, []),
+])
+def test_spatial_part_counts_are_powers_of_two_within_the_gpus(cluster, axis_length, expected):
+    assert part_counts(cluster, axis_length) == expected
 
 
 def test_the_seed_volume_on_one_gpu_only_gets_a_crop_that_fits():

@@ -192,6 +192,9 @@ def _strategy_lines(strategy: Strategy, base: TracedVariant, gpus: int, cluster:
         notes.append(f"every sample split over {parts} GPUs along its longest spatial axis, "
                      "halos exchanged in every padded convolution (traced on one slab)"
                      + (f"; {data_ranks} such groups data-parallel" if data_ranks > 1 else ""))
+        notes.append(f"process groups: init_device_mesh('cuda', ({data_ranks}, {parts}), "
+                     "mesh_dim_names=('data', 'spatial')); halos within 'spatial', gradients "
+                     "all-reduced over both")
     elif strategy in (Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP):
         stage = ZERO_STAGE[strategy.value]
         sharded = sharded_state_bytes(states, gpus, stage)
