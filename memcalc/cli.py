@@ -140,7 +140,7 @@ def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max
             click.echo(result.model_dump_json(indent=2))
         else:
             Console().print(plan_renderable(result))
-        if result.recommended is None and forced is None:
+        if result.recommended is None:
             sys.exit(1)
 
     _run_guarded(ctx, work)

@@ -252,6 +252,16 @@ def test_plan_emits_the_launch_line_of_the_recommendation():
         "baseline", "ddp", "fsdp", "pipeline", "accumulation"}
 
 
+def test_a_forced_strategy_that_does_not_apply_exits_1_with_the_reason():
+    args = ["plan", *TINY_MLP, "--gpu", "T4", "--strategy", "spatial", "--json"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1
+    plan = json.loads(result.stdout)
+    assert plan["recommended"] is None
+    assert plan["reason"] == ("--strategy spatial is not applicable here: it has no convolutions "
+                              "over the sample's spatial axes")
+
+
 def test_feed_compares_measured_and_predicted_utilization():
     args = ["feed", "--dataset", "benchmarks.host_datasets:spin_samples", "--step-time", "0.02",
             "--batch-size", "2", "--workers", "0,1", "--batches", "6", "--cpus", "2", "--json"]

@@ -48,7 +48,8 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
         states = _states(base, largest_unit_fraction(model))
         if cluster.gpus > 1 or cluster.max_gpus > 1:
             candidates += [_at_fitting_size(s, base, cluster, gpu, states) for s in DISTRIBUTED]
-        if not_splittable is None and base.report.device.plan.max_batch_size == 0:
+        forced = cluster.strategy is Strategy.SPATIAL
+        if not_splittable is None and (base.report.device.plan.max_batch_size == 0 or forced):
             spatial, failure = fewest_spatial_parts(base, cluster, gpu, states)
             candidates.extend([spatial] if spatial else [])
             spatial_failures.extend([failure] if failure else [])
@@ -154,6 +155,9 @@ def _choose(ranked: list[Candidate], cluster: ClusterSpec) -> Candidate | None:
 
 def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterSpec,
             usable: int, not_splittable: str | None) -> str:
+    if chosen is None and cluster.strategy is not None:
+        return (f"--strategy {cluster.strategy.value} is not applicable here: "
+                f"{not_splittable or 'no candidate of it could be built'}")
     if chosen is None:
         best = min(ranked, key=lambda c: c.per_gpu_peak_bytes)
         if not_splittable:
