@@ -9,21 +9,15 @@ from __future__ import annotations
 
 import datetime
 import platform
-import socket
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
 
 from benchmarks.results import publish
-from memcalc.measure_cpu import TrainingStep, measure_cpu_peak_bytes
-from memcalc.optimizers import optimizer_rule
-from memcalc.pipeline import estimate
-from memcalc.specs import LossKind, TrainingSpec
-from tests.spatial_reference import halo_net, spatial_rank
+from tests.gloo import run_ranks
+from tests.spatial_reference import spatial_rank, traced_bytes, unsharded_peak_bytes
 
 RESULTS = Path(__file__).with_name("results-spatial.md")
-MODEL = "tests.spatial_reference:halo_net"
 CASES = [((2, 2, 64, 48, 48), 2), ((2, 2, 64, 48, 48), 4),
          ((2, 2, 128, 32, 32), 2), ((2, 2, 128, 32, 32), 4)]
 """(batch shape, ranks); the depth axis divides evenly, as the reference needs. Batch 2:
@@ -32,33 +26,11 @@ at batch 1, small CPU convolutions take ATen's native vol2col path instead of on
 effect that would swamp the comparison."""
 
 
-def rank_results(batch_shape: tuple[int, ...], world: int) -> list[tuple]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(spatial_rank, args=(world, port, batch_shape, results), nprocs=world, join=True)
-    return [results.get() for _ in range(world)]
-
-
-def unsharded_peak(batch_shape: tuple[int, ...]) -> int:
-    torch.manual_seed(0)
-    return measure_cpu_peak_bytes(TrainingStep(halo_net(), torch.randn(batch_shape),
-                                               LossKind.CROSS_ENTROPY, optimizer_rule("adam"),
-                                               classes_last=False))
-
-
-def traced_bytes(batch_shape: tuple[int, ...], parts: int) -> int:
-    spec = TrainingSpec(model=MODEL, sample_shape=batch_shape[1:], device="cpu",
-                        batch_size=batch_shape[0], spatial_parts=parts)
-    return estimate(spec).device.total_bytes
-
-
 def row(batch_shape: tuple[int, ...], world: int) -> str:
-    ranks = rank_results(batch_shape, world)
+    ranks = run_ranks(spatial_rank, world, batch_shape)
     rank_peak = max(peak for *_, peak in ranks)
     slab, whole = traced_bytes(batch_shape, world), traced_bytes(batch_shape, 1)
-    unsharded = unsharded_peak(batch_shape)
+    unsharded = unsharded_peak_bytes(batch_shape)
     deviation = max(max(output, grad) for _, output, grad, _ in ranks)
     return (f"| {'×'.join(map(str, batch_shape))} | {world} | {rank_peak:,} | {slab:,} | "
             f"{100 * (slab - rank_peak) / rank_peak:+.1f} % | {unsharded:,} | {whole:,} | "

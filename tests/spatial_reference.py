@@ -5,13 +5,13 @@ pools receive their halo rows from the neighbouring ranks by point-to-point mess
 (``HaloExchange``, an autograd function that sends the halos' gradients back in backward);
 weight gradients are all-reduced and averaged. ``halo_net`` has no normalisation, so the
 slabs together reproduce the unsharded model exactly, which ``spatial_rank`` checks before
-it measures its step with the profiler.
+it measures its step with the profiler; the test and ``benchmarks.spatial`` compare that
+with ``unsharded_peak_bytes`` and ``traced_bytes``.
 """
 
 from __future__ import annotations
 
 import copy
-import os
 
 import torch
 import torch.distributed as dist
@@ -20,10 +20,12 @@ from torch import nn
 
 from memcalc.measure_cpu import TrainingStep, measure_cpu_peak_bytes
 from memcalc.optimizers import optimizer_rule
+from memcalc.pipeline import estimate
 from memcalc.spatial import apply_halo_exchange
-from memcalc.specs import LossKind
+from memcalc.specs import LossKind, TrainingSpec
 
 DEPTH_AXIS = 2            # of the (batch, channels, depth, height, width) tensor
+HALO_NET = "tests.spatial_reference:halo_net"
 
 
 def halo_net() -> nn.Module:
@@ -85,39 +87,49 @@ def _all_reduce_mean(parameter: torch.Tensor) -> None:
     parameter.grad /= dist.get_world_size()
 
 
-def spatial_rank(rank: int, world: int, port: int, batch_shape: tuple[int, ...], results) -> None:
-    """Check the slabs against the unsharded model, then measure one rank's training step.
+def spatial_rank(rank: int, world: int, batch_shape: tuple[int, ...]) -> tuple:
+    """On a gloo rank (``tests.gloo.run_ranks``): check the slabs against the unsharded model,
+    then measure this rank's training step.
 
-    Puts (rank, largest output error, largest gradient error, peak bytes) on ``results``."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        full_model = halo_net()
-        model = copy.deepcopy(full_model)
-        apply_halo_exchange(model, DEPTH_AXIS, exchanged_halos(rank, world))
-        batch = torch.randn(batch_shape)
-        rows = batch_shape[DEPTH_AXIS] // world
-        slab = batch.narrow(DEPTH_AXIS, rank * rows, rows).contiguous()
+    Returns (rank, largest output error, largest gradient error, peak bytes)."""
+    torch.manual_seed(0)
+    full_model = halo_net()
+    model = copy.deepcopy(full_model)
+    apply_halo_exchange(model, DEPTH_AXIS, exchanged_halos(rank, world))
+    batch = torch.randn(batch_shape)
+    rows = batch_shape[DEPTH_AXIS] // world
+    slab = batch.narrow(DEPTH_AXIS, rank * rows, rows).contiguous()
 
-        full_output = full_model(batch)
-        target = torch.randint(0, full_output.size(1), (batch_shape[0], *full_output.shape[2:]))
-        F.cross_entropy(full_output, target).backward()
-        output = model(slab)
-        F.cross_entropy(output, target.narrow(1, rank * rows, rows)).backward()
-        for parameter in model.parameters():
-            _all_reduce_mean(parameter)
-        output_error = (output - full_output.narrow(DEPTH_AXIS, rank * rows, rows)).abs().max()
-        grad_error = max((p.grad - q.grad).abs().max().item()
-                         for p, q in zip(model.parameters(), full_model.parameters(),
-                                         strict=True))
-        model.zero_grad(set_to_none=True)
-        del full_model, full_output, output, batch, target
+    full_output = full_model(batch)
+    target = torch.randint(0, full_output.size(1), (batch_shape[0], *full_output.shape[2:]))
+    F.cross_entropy(full_output, target).backward()
+    output = model(slab)
+    F.cross_entropy(output, target.narrow(1, rank * rows, rows)).backward()
+    for parameter in model.parameters():
+        _all_reduce_mean(parameter)
+    output_error = (output - full_output.narrow(DEPTH_AXIS, rank * rows, rows)).abs().max()
+    grad_error = max((p.grad - q.grad).abs().max().item()
+                     for p, q in zip(model.parameters(), full_model.parameters(), strict=True))
+    model.zero_grad(set_to_none=True)
+    del full_model, full_output, output, batch, target
 
-        for parameter in model.parameters():
-            parameter.register_post_accumulate_grad_hook(_all_reduce_mean)
-        step = TrainingStep(model, slab, LossKind.CROSS_ENTROPY, optimizer_rule("adam"),
-                            classes_last=False)
-        results.put((rank, output_error.item(), grad_error, measure_cpu_peak_bytes(step)))
-    finally:
-        dist.destroy_process_group()
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(_all_reduce_mean)
+    step = TrainingStep(model, slab, LossKind.CROSS_ENTROPY, optimizer_rule("adam"),
+                        classes_last=False)
+    return rank, output_error.item(), grad_error, measure_cpu_peak_bytes(step)
+
+
+def unsharded_peak_bytes(batch_shape: tuple[int, ...]) -> int:
+    """The profiler peak of the unsharded step on the whole batch, same seed and weights."""
+    torch.manual_seed(0)
+    return measure_cpu_peak_bytes(TrainingStep(halo_net(), torch.randn(batch_shape),
+                                               LossKind.CROSS_ENTROPY, optimizer_rule("adam"),
+                                               classes_last=False))
+
+
+def traced_bytes(batch_shape: tuple[int, ...], parts: int) -> int:
+    """memcalc's CPU figure for one of ``parts`` ranks (1: the unsharded step)."""
+    spec = TrainingSpec(model=HALO_NET, sample_shape=batch_shape[1:], device="cpu",
+                        batch_size=batch_shape[0], spatial_parts=parts)
+    return estimate(spec).device.total_bytes

@@ -12,6 +12,7 @@ from memcalc.strategies.sharding import (
     largest_unit_fraction,
     sharded_state_bytes,
 )
+from tests.gloo import run_ranks
 
 TINY_GPT2 = dict(vocab=1000, n_positions=64, dim=64, depth=4, heads=4)
 
@@ -55,51 +56,34 @@ def test_fsdp_units_are_blocks_and_the_root():
     assert gathered_unit_bytes(states, 2) == 0
 
 
-def _fsdp2_rank(rank: int, world: int, port: int, results) -> None:
+def _fsdp2_rank(rank: int, world: int) -> tuple[int, int, int, int]:
     """One gloo rank: FSDP2 (fully_shard per block + root), one Adam step; its local bytes."""
-    import os
-
     import torch
-    import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)
-        model = resolve_model("gpt2", TINY_GPT2).factory(**TINY_GPT2)
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-        optimizer = torch.optim.Adam(model.parameters())
-        model(torch.randint(0, 100, (2, 64))).float().mean().backward()
-        optimizer.step()
+    torch.manual_seed(0)
+    model = resolve_model("gpt2", TINY_GPT2).factory(**TINY_GPT2)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.Adam(model.parameters())
+    model(torch.randint(0, 100, (2, 64))).float().mean().backward()
+    optimizer.step()
 
-        def local_bytes(tensor) -> int:
-            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-            return local.numel() * local.element_size()
+    def local_bytes(tensor) -> int:
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        return local.numel() * local.element_size()
 
-        results.put((rank,
-                     sum(local_bytes(p) for p in model.parameters()),
-                     sum(local_bytes(p.grad) for p in model.parameters()),
-                     sum(local_bytes(value) for state in optimizer.state.values()
-                         for key, value in state.items() if key != "step")))
-    finally:
-        dist.destroy_process_group()
+    return (rank,
+            sum(local_bytes(p) for p in model.parameters()),
+            sum(local_bytes(p.grad) for p in model.parameters()),
+            sum(local_bytes(value) for state in optimizer.state.values()
+                for key, value in state.items() if key != "step"))
 
 
 def test_fsdp2_on_gloo_holds_the_zero3_share_of_every_state():
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     world = 2
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(_fsdp2_rank, args=(world, port, results), nprocs=world, join=True)
-    measured = [results.get() for _ in range(world)]
+    measured = run_ranks(_fsdp2_rank, world)
     report = estimate(TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(64,),
                                    device="cpu", batch_size=2))
     static = report.static

@@ -3,17 +3,12 @@ real two-rank gloo run with halo exchange (exact numerics, its measured peak).""
 
 import math
 import re
-import socket
 
 import pytest
-import torch
-import torch.multiprocessing as mp
 
 from memcalc.errors import InputError
 from memcalc.gpus import find_gpu
-from memcalc.measure_cpu import TrainingStep, measure_cpu_peak_bytes
 from memcalc.model_source import resolve_model
-from memcalc.optimizers import optimizer_rule
 from memcalc.pipeline import estimate
 from memcalc.spatial import (
     MAX_ALIGNMENT,
@@ -21,14 +16,19 @@ from memcalc.spatial import (
     slab_length,
     split_axis,
 )
-from memcalc.specs import LossKind, TrainingSpec
+from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, Strategy
 from memcalc.strategies.candidates import traced_variant
 from memcalc.strategies.sharding import ModelStates
 from memcalc.strategies.spatial import fewest_spatial_parts
-from tests.spatial_reference import halo_net, spatial_rank
+from tests.gloo import run_ranks
+from tests.spatial_reference import (
+    HALO_NET,
+    spatial_rank,
+    traced_bytes,
+    unsharded_peak_bytes,
+)
 
-HALO_NET = "tests.spatial_reference:halo_net"
 FLOAT_BYTES = 4
 GIB = 2**30
 
@@ -91,33 +91,14 @@ def test_halo_bytes_are_the_padding_rows_of_every_padded_layer():
     assert report.device.halo_exchange_bytes == batch * FLOAT_BYTES * expected
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_real_two_rank_halo_exchange_matches_the_traced_slab():
     """Two gloo ranks, each with half of every volume, reproduce the unsharded model; the
     trace predicts a rank's peak with the same error as it predicts the unsharded step
     (CPU convolutions' oneDNN copies, not traced, are the same share of both)."""
     world, batch_shape = 2, (2, 2, 64, 48, 48)
-    results = mp.get_context("spawn").SimpleQueue()
-    mp.spawn(spatial_rank, args=(world, _free_port(), batch_shape, results), nprocs=world,
-             join=True)
-    ranks = [results.get() for _ in range(world)]
-    torch.manual_seed(0)
-    unsharded = measure_cpu_peak_bytes(TrainingStep(
-        halo_net(), torch.randn(batch_shape), LossKind.CROSS_ENTROPY, optimizer_rule("adam"),
-        classes_last=False))
-
-    def traced(parts: int) -> int:
-        return estimate(TrainingSpec(model=HALO_NET, sample_shape=batch_shape[1:], device="cpu",
-                                     batch_size=batch_shape[0], spatial_parts=parts)
-                        ).device.total_bytes
-
-    spatial_error = [traced(world) / peak for _, _, _, peak in ranks]
-    unsharded_error = traced(1) / unsharded
+    ranks = run_ranks(spatial_rank, world, batch_shape)
+    spatial_error = [traced_bytes(batch_shape, world) / peak for _, _, _, peak in ranks]
+    unsharded_error = traced_bytes(batch_shape, 1) / unsharded_peak_bytes(batch_shape)
     for (_, output_error, grad_error, _), error in zip(ranks, spatial_error, strict=True):
         assert output_error < 1e-5 and grad_error < 1e-5
         assert error == pytest.approx(unsharded_error, rel=0.05)
