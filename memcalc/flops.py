@@ -6,21 +6,17 @@ from __future__ import annotations
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from memcalc._torch_internals import fake_cpu_mode, materialize_fake
-from memcalc.checkpointing import apply_checkpointing
+from memcalc._torch_internals import fake_cpu_mode
 from memcalc.losses import compute_loss, make_target, primary_output
 from memcalc.precision import cpu_autocast
-from memcalc.spatial import ZeroHalos, apply_halo_exchange
-from memcalc.tracing import StepSetup
+from memcalc.spatial import ZeroHalos
+from memcalc.tracing import StepSetup, step_model
 
 
 def step_flops(setup: StepSetup) -> int:
     """FLOPs of one iteration at ``setup.batch_shape`` (the optimizer step is not counted)."""
     with fake_cpu_mode():
-        model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
-        apply_checkpointing(model, list(setup.checkpoint_blocks))
-        if setup.halo_axis is not None:
-            apply_halo_exchange(model, setup.halo_axis, ZeroHalos())
+        model = step_model(setup, ZeroHalos())
         batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
         autocast = cpu_autocast(setup.policy.autocast_dtype)
         with FlopCounterMode(display=False) as counter:

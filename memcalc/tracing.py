@@ -90,6 +90,17 @@ class _Cursor:
         return self.module_stack[-1] if self.module_stack else ""
 
 
+def step_model(setup: StepSetup, halos: ZeroHalos) -> nn.Module:
+    """The model as the step runs it, inside a fake mode: materialised in training mode, its
+    repeated blocks checkpointed, its padded layers taking ``halos`` under spatial
+    parallelism."""
+    model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
+    apply_checkpointing(model, list(setup.checkpoint_blocks))
+    if setup.halo_axis is not None:
+        apply_halo_exchange(model, setup.halo_axis, halos)
+    return model
+
+
 def trace_training_step(setup: StepSetup) -> TraceResult:
     """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be."""
     try:
@@ -121,11 +132,8 @@ def _trace(setup: StepSetup) -> TraceResult:
                                MemoryCategory.TEMPORARY)
 
     watcher = StorageWatcher(on_new, ledger.free)
-    model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
-    apply_checkpointing(model, list(setup.checkpoint_blocks))
     halo = ZeroHalos()
-    if setup.halo_axis is not None:
-        apply_halo_exchange(model, setup.halo_axis, halo)
+    model = step_model(setup, halo)
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
     batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
