@@ -35,9 +35,9 @@ def host_and_throughput(spec: TrainingSpec, sample_shape: tuple[int, ...], input
                                               or input_dtype}))
     host = (measured_host_estimate(host_spec, measurement, progress) if measurement
             else host_estimate(host_spec))
-    step = _step_time(spec, gpu, batch_size, flops_at)
     load = _batch_load_time(spec, host, measurement, batch_size)
-    if step is None or load is None:
+    step = _step_time(spec, gpu, batch_size, flops_at) if load is not None else None
+    if step is None or load is None:   # FLOPs are only counted when a load time needs them
         return host, None
     throughput = feeding_report(step[0], step[1], load[0], load[1], host.max_num_workers,
                                 host.spec.machine.cpus, host.batch_bytes, host.spec.pin_memory)
