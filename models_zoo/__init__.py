@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from models_zoo.bert import bert_large
+from models_zoo.convnext import convnext
 from models_zoo.gpt2 import gpt2
 from models_zoo.llama import llama_7b
 from models_zoo.mlp import mlp
@@ -40,6 +41,8 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("unet3d", unet3d, (1, 128, 128, 128), "float32",
                  "3D U-Net, 4 levels from 32 channels, segmentation of (C, D, H, W)"),
         ZooEntry("resnet50", resnet50, (3, 224, 224), "float32", "ResNet-50, images (C, H, W)"),
+        ZooEntry("convnext", convnext, (3, 224, 224), "float32",
+                 "ConvNeXt (size=tiny/small/base; depthwise 7x7 convs), images (C, H, W)"),
         ZooEntry("vit_b16", vit_b16, (3, 224, 224), "float32", "ViT-B/16, images (C, H, W)"),
         ZooEntry("bert_large", bert_large, (512,), "int64",
                  "BERT-large uncased, sequence classification, eager attention; token ids (S,)"),

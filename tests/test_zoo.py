@@ -11,6 +11,7 @@ from models_zoo import ZOO
 PUBLISHED_PARAMETER_COUNTS = {
     "resnet3d": 33_371_472,   # torchvision R3D_18_Weights.KINETICS400_V1
     "resnet50": 25_557_032,   # torchvision ResNet50_Weights.IMAGENET1K_V1
+    "convnext": 28_589_128,   # torchvision ConvNeXt_Tiny_Weights.IMAGENET1K_V1
     "vit_b16": 86_567_656,    # torchvision ViT_B_16_Weights.IMAGENET1K_V1
     "gpt2": 124_439_808,      # Hugging Face gpt2 (GPT2LMHeadModel, tied head)
     "llama_7b": 6_738_415_616,  # Llama-2-7b
