@@ -54,12 +54,19 @@ class StorageRecord:
     freed: bool = False
 
 
+EMPTY_CACHE_RECORD = -1
+"""``record_id`` of a marker event: the allocator empties its cache here (``cudnn.benchmark``
+does after each plan search)."""
+
+
 @dataclass(frozen=True)
 class MemoryEvent:
-    """``delta_bytes`` > 0: the record was allocated; < 0: it was freed."""
+    """``delta_bytes`` > 0: the record was allocated; < 0: it was freed. ``optional``
+    allocations may be left out when memory is short (a cuDNN workspace)."""
 
     record_id: int
     delta_bytes: int
+    optional: bool = False
 
 
 @dataclass
@@ -73,10 +80,10 @@ class MemoryLedger:
     peak_event_count: int = 0
 
     def allocate(self, nbytes: int, phase: Phase, iteration: int, module_path: str,
-                 category: MemoryCategory) -> StorageRecord:
+                 category: MemoryCategory, optional: bool = False) -> StorageRecord:
         record = StorageRecord(len(self.records), nbytes, phase, iteration, module_path, category)
         self.records.append(record)
-        self.events.append(MemoryEvent(record.record_id, nbytes))
+        self.events.append(MemoryEvent(record.record_id, nbytes, optional))
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes
@@ -87,6 +94,10 @@ class MemoryLedger:
         record.freed = True
         self.events.append(MemoryEvent(record.record_id, -record.nbytes))
         self.live_bytes -= record.nbytes
+
+    def empty_cache(self) -> None:
+        """Mark where the allocator's cache is emptied (no bytes change hands)."""
+        self.events.append(MemoryEvent(EMPTY_CACHE_RECORD, 0))
 
     def records_live_at_peak(self) -> list[StorageRecord]:
         """Replay events up to the peak and return the records alive there."""
@@ -116,10 +127,13 @@ class MemoryLedger:
         """Live bytes over the step, at most ``points`` samples keeping each span's maximum:
         (event index, live bytes, phase, iteration)."""
         span = max(1, -(-len(self.events) // points))
-        samples, live, best = [], 0, None
+        samples, live, best, record = [], 0, None, None
         for index, event in enumerate(self.events):
             live += event.delta_bytes
-            record = self.records[event.record_id]
+            if event.record_id != EMPTY_CACHE_RECORD:
+                record = self.records[event.record_id]
+            if record is None:
+                continue
             if best is None or live > best[1]:
                 best = (index, live, record.phase.value, record.iteration)
             if (index + 1) % span == 0 or index == len(self.events) - 1:

@@ -87,3 +87,85 @@ def test_replay_of_ledger_events():
     assert result.peak_reserved_bytes == 2 * MiB + 30 * MiB
     assert result.peak_allocated_block_bytes == 512 + 30 * MiB
     assert result.segment_count == 2
+
+
+# --- capacity, settings and markers -------------------------------------------------------
+
+from memcalc.allocator_settings import AllocatorSettings  # noqa: E402
+from memcalc.cuda_allocator import OutOfMemory  # noqa: E402
+from memcalc.ledger import EMPTY_CACHE_RECORD  # noqa: E402
+
+
+def _events(*pairs, optional=()):
+    return [MemoryEvent(record, size, record in optional) for record, size in pairs]
+
+
+def test_at_the_limit_cached_segments_are_freed_and_the_request_retried():
+    # 60 MiB cached after the free; a 70 MiB request does not fit a 100 MiB limit with it
+    events = _events((0, 60 * MiB), (0, -60 * MiB), (1, 70 * MiB))
+    unlimited = replay(events)
+    assert unlimited.peak_reserved_bytes == 130 * MiB
+    limited = replay(events, limit_bytes=100 * MiB)
+    assert limited.fits and limited.peak_reserved_bytes == 70 * MiB
+
+
+def test_a_required_request_beyond_the_limit_is_an_oom_at_its_event():
+    events = _events((0, 60 * MiB), (1, 50 * MiB))
+    result = replay(events, limit_bytes=100 * MiB)
+    assert not result.fits and result.oom_event == 1
+
+
+def test_an_optional_request_beyond_the_limit_is_given_up():
+    # a workspace that does not fit: cuDNN takes a plan that needs none
+    events = _events((0, 60 * MiB), (1, 50 * MiB), (1, -50 * MiB), (2, 30 * MiB), optional={1})
+    result = replay(events, limit_bytes=100 * MiB)
+    assert result.fits and result.skipped_optional_bytes == 50 * MiB
+
+
+def test_empty_cache_marker_returns_free_segments():
+    events = [MemoryEvent(0, 40 * MiB), MemoryEvent(0, -40 * MiB),
+              MemoryEvent(EMPTY_CACHE_RECORD, 0), MemoryEvent(1, 60 * MiB)]
+    # without the marker the 40 MiB segment stays reserved next to the new 60 MiB one
+    assert replay(events).peak_reserved_bytes == 60 * MiB
+    assert replay([e for e in events if e.record_id != EMPTY_CACHE_RECORD]).peak_reserved_bytes \
+        == 100 * MiB
+
+
+def test_resident_bytes_beyond_the_limit_are_an_oom_before_the_step():
+    assert replay([], resident_bytes=[64 * MiB], limit_bytes=32 * MiB).oom_event == -1
+
+
+def test_max_split_size_keeps_oversize_blocks_whole():
+    settings = AllocatorSettings.from_conf("max_split_size_mb:20")
+    allocator = CachingAllocatorModel(settings)
+    big = allocator.malloc(100 * MiB)
+    allocator.free(big)
+    # a small request may not take (and split) the cached oversize block: new segment
+    allocator.malloc(4 * MiB)
+    assert allocator.segment_count == 2
+    # an oversize request takes a cached oversize block only within 20 MiB of its size
+    allocator.malloc(90 * MiB)
+    assert allocator.segment_count == 2
+    allocator.malloc(30 * MiB)
+    assert allocator.segment_count == 3
+
+
+def test_out_of_memory_is_raised_by_malloc_without_a_fit():
+    allocator = CachingAllocatorModel(limit_bytes=10 * MiB)
+    with pytest.raises(OutOfMemory):
+        allocator.malloc(12 * MiB)
+
+
+def test_expandable_segments_grow_one_segment_in_20_mib_pages():
+    settings = AllocatorSettings.from_conf("expandable_segments:True")
+    allocator = CachingAllocatorModel(settings)
+    first = allocator.malloc(30 * MiB)      # 40 MiB mapped (two pages)
+    assert allocator.reserved_bytes == 40 * MiB
+    allocator.malloc(30 * MiB)              # 10 MiB free at the tail: map 20 more
+    assert allocator.reserved_bytes == 60 * MiB and allocator.segment_count == 1
+    allocator.free(first)                   # a 30 MiB hole at the start
+    allocator.malloc(25 * MiB)              # fits the hole: nothing mapped
+    assert allocator.reserved_bytes == 60 * MiB
+    # without expandable segments the second request needs a segment of its own
+    plain = replay(_events((0, 30 * MiB), (1, 30 * MiB), (0, -30 * MiB), (2, 25 * MiB)))
+    assert plain.peak_reserved_bytes == 60 * MiB and plain.segment_count == 2
