@@ -5,6 +5,8 @@ Used here (checked against torch 2.3 – 2.13):
   dtypes and storages but no data, so a step of any size runs without allocating it.
 - ``torch.utils._python_dispatch.TorchDispatchMode``: sees every ATen op and its outputs.
 - ``torch.utils.weak.WeakIdKeyDictionary``: identity-keyed map of live storages.
+- ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (real GPUs only, torch ≥ 2.1):
+  the caching allocator's own trace of allocations and frees, for calibration.
 """
 
 from __future__ import annotations
@@ -35,6 +37,43 @@ FAKE_TENSOR_FAILURES: tuple[type[BaseException], ...] = (
     UnsupportedOperatorException,
 )
 
+class OpInterceptor(TorchDispatchMode):
+    """Hands every ATen op to ``handler(func, args, kwargs)``, which must call ``func`` itself
+    (ops the handler makes are not intercepted again)."""
+
+    def __init__(self, handler: Callable) -> None:
+        super().__init__()
+        self._handler = handler
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return self._handler(func, args, kwargs or {})
+
+
+def start_cuda_allocation_history(max_entries: int = 1_000_000) -> None:
+    """Record every CUDA caching-allocator event with its Python stack (real GPU only)."""
+    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python",
+                                             max_entries=max_entries)
+
+
+def stop_cuda_allocation_history() -> list[dict]:
+    """The recorded events of device 0 (``action``, ``addr``, ``size``, ``frames``), then stop."""
+    snapshot = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    traces = snapshot.get("device_traces") or [[]]
+    return list(traces[torch.cuda.current_device()])
+
+
+def conv_backend_name(x, weight, bias, stride, padding, dilation, transposed, output_padding,
+                      groups) -> str:
+    """The kernel family ATen picks for a convolution (``Cudnn``, ``CudaDepthwise2d``...)."""
+    try:
+        backend = torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation,
+                                                transposed, output_padding, groups, None)
+    except Exception:  # private API: absent or changed in this torch build
+        return "unknown"
+    return str(backend).rsplit(".", 1)[-1]
+
+
 def fake_cpu_mode() -> FakeTensorMode:
     """A fake-tensor mode that accepts the meta-device model as input to ``to_empty``."""
     return FakeTensorMode(allow_non_fake_inputs=True)
@@ -48,9 +87,9 @@ class StorageWatcher(TorchDispatchMode):
     """
 
     def __init__(self, on_new: Callable[[torch.UntypedStorage], object],
-                 on_free: Callable[[object], None]) -> None:
+                 on_free: Callable[[object], None], op_hook: Callable | None = None) -> None:
         super().__init__()
-        self._on_new, self._on_free = on_new, on_free
+        self._on_new, self._on_free, self._op_hook = on_new, on_free, op_hook
         self._known: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: list[weakref.ref] = []
         self.op_names: set[str] = set()
@@ -70,12 +109,20 @@ class StorageWatcher(TorchDispatchMode):
         return self._known.get(tensor.untyped_storage())
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        """``op_hook(name, args, outputs, watch)`` may watch the outputs itself, in its own
+        order, and return True; otherwise every output is watched in order."""
         outputs = func(*args, **(kwargs or {}))
-        self.op_names.add(func.overloadpacket.__name__)
-        for value in tree_flatten(outputs)[0]:
-            if isinstance(value, torch.Tensor):
-                _refuse_real_allocation(func, value)
-                self.watch(value)
+        name = func.overloadpacket.__name__
+        self.op_names.add(name)
+
+        def watch_outputs(value) -> None:
+            for tensor in tree_flatten(value)[0]:
+                if isinstance(tensor, torch.Tensor):
+                    _refuse_real_allocation(func, tensor)
+                    self.watch(tensor)
+
+        if self._op_hook is None or not self._op_hook(name, args, outputs, watch_outputs):
+            watch_outputs(outputs)
         return outputs
 
 

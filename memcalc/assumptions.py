@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from memcalc.cuda_overheads import (
-    CONTEXT_TABLE,
-    CUBLAS_HANDLE_THREADS,
-    CUDNN_KERNELS_BYTES,
-    CUDNN_WORKSPACE_NOTE,
-    cublas_workspace_bytes,
-)
+from memcalc.allocator_settings import AllocatorSettings
+from memcalc.cuda_overheads import EAGER_CONTEXT, ModuleLoading, cublas_workspace_bytes
+from memcalc.env_profile import EnvProfile
 from memcalc.gpus import GpuSpec
 from memcalc.optimizers import optimizer_rule
 from memcalc.precision import precision_policy
@@ -25,8 +21,8 @@ _LOSS_TEXT = {
 }
 
 
-def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, *, model_has_conv: bool,
-                foreach: bool, traced: bool) -> list[str]:
+def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
+                model_has_conv: bool, foreach: bool, traced: bool) -> list[str]:
     rule = optimizer_rule(spec.optimizer)
     implementation = ("foreach implementation (CUDA's default; parameter-sized temporaries "
                       "during step())" if foreach else "for-loop implementation (CPU's default; "
@@ -53,48 +49,75 @@ def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, *, model_has_conv: bool
             "starts; temporaries = everything else the step makes",
         ]
     if spec.device is DeviceKind.CUDA:
-        lines += _cuda_assumptions(spec, gpu, model_has_conv)
+        lines += _cuda_assumptions(spec, gpu, profile, model_has_conv)
     if spec.device is DeviceKind.CUDA and traced:
-        lines.append(
-            "CUDA reserved memory: the traced allocations and frees are replayed through a "
-            "model of PyTorch's caching allocator (512 B rounding; requests up to 1 MiB packed "
-            "in 2 MiB segments, 1-10 MiB in 20 MiB segments, larger rounded to 2 MiB; best fit "
-            "with splitting and merging; default settings, one stream); peak_bytes is that "
-            "reserved peak, reached without memory pressure: near capacity the allocator frees "
-            "cached blocks and retries, so a run may still fit in less")
+        lines.append(_allocator_assumption(spec))
     if spec.device is DeviceKind.CPU and model_has_conv:
         lines.append("CPU convolutions (oneDNN/mkldnn) allocate workspaces the trace does not "
                      "see; a real CPU run of a conv net peaks higher (see README)")
     return lines
 
 
-def _cuda_assumptions(spec: TrainingSpec, gpu: GpuSpec | None, model_has_conv: bool) -> list[str]:
-    row = CONTEXT_TABLE[spec.cuda_module_loading]
+def _cuda_assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile,
+                      model_has_conv: bool) -> list[str]:
     card = (f"GPU {gpu.name} (compute capability {gpu.compute_capability}, "
             f"{format_bytes(gpu.memory_bytes)})" if gpu else "GPU not named (pre-Hopper assumed)")
+    floor = profile.floor
+    if spec.cuda_module_loading is ModuleLoading.EAGER:
+        context = (f"CUDA context with eager module loading: {format_bytes(EAGER_CONTEXT.context_bytes)} "
+                   f"outside the allocator ({EAGER_CONTEXT.source})")
+    else:
+        context = (f"outside the allocator (lazy module loading): CUDA context "
+                   f"{format_bytes(floor.context_bytes)}, + {format_bytes(floor.cublas_bytes)} "
+                   f"once cuBLAS runs, + {format_bytes(floor.cudnn_bytes)} once cuDNN runs "
+                   f"({format_bytes(floor.cudnn_after_cublas_bytes)} after cuBLAS)")
+    workspace = profile.cublas_workspace_bytes or cublas_workspace_bytes(gpu)
     lines = [
         card,
-        f"CUDA context with {row.loading.value} module loading: {format_bytes(row.context_bytes)} "
-        f"outside the allocator ({row.source}); ±150 MiB between cards and drivers",
-        f"cuBLAS workspace: {CUBLAS_HANDLE_THREADS} x {format_bytes(cublas_workspace_bytes(gpu))} "
-        "(forward and autograd threads each hold a handle; CublasHandlePool.cpp) when the "
-        "step multiplies matrices, allocated through the caching allocator",
+        f"CUDA figures from the {profile.describe()}; `memcalc calibrate` measures yours",
+        context,
+        f"cuBLAS workspace: {profile.cublas_handles} x {format_bytes(workspace)} (forward and "
+        "autograd threads each hold a handle; CublasHandlePool.cpp) when the step multiplies "
+        "matrices, allocated through the caching allocator",
         "scaled-dot-product attention: CUDA's flash/memory-efficient kernels (no stored S x S "
         "matrix or dropout mask, also with dropout)",
         f"headroom: {spec.headroom_fraction:.0%} of capacity kept free",
     ]
     if model_has_conv:
-        lines.append(f"cuDNN convolution kernels: +{format_bytes(CUDNN_KERNELS_BYTES)} of context "
-                     "(lazy loading); " + CUDNN_WORKSPACE_NOTE)
+        error, calls = profile.cudnn.error_summary()
+        lines.append(
+            f"cuDNN convolution workspaces (cudnn.benchmark={spec.cudnn_benchmark}, "
+            f"allow_tf32={spec.cudnn_tf32}): allocated and freed around every forward, data-"
+            "gradient and weight-gradient call in the trace, sized by the profile's rules "
+            f"(bytes from input, output and weight sizes per call class; fitted to {calls} "
+            f"measured calls, {error:.0%} mean absolute error); a workspace that does not fit "
+            "is given up, as cuDNN then takes a plan that needs less"
+            + ("; each new shape's plan search allocates a larger buffer and empties the "
+               "allocator's cache (Conv_v8.cpp)" if spec.cudnn_benchmark else ""))
     return lines
+
+
+def _allocator_assumption(spec: TrainingSpec) -> str:
+    settings = AllocatorSettings.from_conf(spec.allocator_conf)
+    given = f"PYTORCH_CUDA_ALLOC_CONF={spec.allocator_conf!r}" if spec.allocator_conf else \
+        "default allocator settings"
+    ignored = (f" (not modelled: {', '.join(settings.not_modelled)})"
+               if settings.not_modelled else "")
+    return ("CUDA reserved memory: the traced allocations and frees are replayed through a "
+            "model of PyTorch's caching allocator (512 B rounding; requests up to 1 MiB packed "
+            "in 2 MiB segments, 1-10 MiB in 20 MiB segments, larger rounded to 2 MiB; best fit "
+            f"with splitting and merging; {given}{ignored}; one stream); with a capacity, it is "
+            "replayed again with capacity - headroom - context as its limit, freeing cached "
+            "blocks and retrying before an out-of-memory as PyTorch does: that run decides "
+            "what fits")
 
 
 def unsupported(spec: TrainingSpec) -> list[str]:
     if spec.device is not DeviceKind.CUDA:
         return []
     return [
-        "allocator settings (max_split_size_mb, expandable_segments, roundup_power2_divisions) "
-        "and blocks held for other streams: not modelled",
+        "blocks held for other streams, garbage_collection_threshold, CUDA graphs: not "
+        "modelled by the allocator replay",
         "CUDA autocast's float32 list beyond softmax, log_softmax, layer_norm and group_norm "
         "(exp, pow, losses...): those ops keep the CPU autocast dtype",
         "NCCL buffers and DDP gradient buckets: one GPU is assumed",

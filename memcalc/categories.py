@@ -28,3 +28,8 @@ class MemoryCategory(str, Enum):
     TEMPORARY = "temporaries"
     """Everything else the step makes: forward intermediates freed before backward,
     gradients of activations in backward, scratch of the optimizer step."""
+
+    WORKSPACE = "workspaces"
+    """Library scratch allocated through the caching allocator for one kernel and freed when
+    it returns: cuDNN convolution workspaces (and, with ``cudnn.benchmark``, the buffer its
+    plan search times candidates in)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import click
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -17,8 +16,10 @@ from memcalc.cli_options import (
     training_spec,
     worker_progress,
 )
+from memcalc.cli_calibrate import calibrate
+from memcalc.cli_guard import run_guarded as _run_guarded
 from memcalc.cli_types import ShapeType, enum_choice
-from memcalc.errors import InputError, MemcalcError
+from memcalc.errors import InputError
 from memcalc.gpus import gpu_catalog
 from memcalc.plot import plot_report
 from memcalc.specs import DeviceKind
@@ -254,22 +255,4 @@ def _print_rows(rows, as_json: bool, title: str, columns: tuple[str, ...], cells
     Console().print(table)
 
 
-def _run_guarded(ctx: click.Context, work) -> None:
-    """Turn memcalc's errors into one line and an exit code (2 bad input, 1 otherwise)."""
-    try:
-        work()
-    except (MemcalcError, ValidationError) as error:
-        if ctx.obj.get("debug"):
-            raise
-        message = _one_line(error)
-        click.echo(f"Error: {message}", err=True)
-        sys.exit(2 if isinstance(error, (InputError, ValidationError)) else 1)
-
-
-def _one_line(error: Exception) -> str:
-    if isinstance(error, ValidationError):
-        first = error.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        message = first["msg"].removeprefix("Value error, ")
-        return f"{field}: {message}" if field else message
-    return str(error).splitlines()[0]
+main.add_command(calibrate)

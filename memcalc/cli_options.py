@@ -157,6 +157,16 @@ MODEL_OPTIONS = [
                  help="Share of capacity kept free for what is not modelled."),
     click.option("--cuda-module-loading", type=enum_choice(ModuleLoading), default="lazy",
                  show_default=True, help="CUDA_MODULE_LOADING (eager before CUDA 11.7)."),
+    click.option("--cudnn-benchmark", is_flag=True,
+                 help="torch.backends.cudnn.benchmark=True: a plan search at each new shape."),
+    click.option("--cudnn-tf32/--no-cudnn-tf32", default=True, show_default=True,
+                 help="torch.backends.cudnn.allow_tf32 (fp32 convolutions on tensor cores)."),
+    click.option("--allocator-conf", metavar="CONF",
+                 help="The job's PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True."),
+    click.option("--env-profile", metavar="FILE",
+                 help="Environment profile from `memcalc calibrate` (or a built-in name) "
+                      "[default: $MEMCALC_ENV_PROFILE, ~/.config/memcalc/env-profile.json, "
+                      "else built in]."),
 ]
 
 
@@ -165,7 +175,8 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
     names = ("model_name", "model_args", "shape", "layout", "input_dtype", "batch_size", "loss",
              "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing",
              "offload_activations", "spatial_parts", "device", "gpu", "gpu_memory", "headroom",
-             "cuda_module_loading")
+             "cuda_module_loading", "cudnn_benchmark", "cudnn_tf32", "allocator_conf",
+             "env_profile")
     value = {name: options.pop(name) for name in names}
     return TrainingSpec(
         model=value["model_name"], model_args=dict(value["model_args"]),
@@ -179,6 +190,8 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
                       mfu=options.pop("mfu")),
         device=value["device"], gpu=value["gpu"], gpu_memory_bytes=value["gpu_memory"],
         headroom_fraction=value["headroom"], cuda_module_loading=value["cuda_module_loading"],
+        cudnn_benchmark=value["cudnn_benchmark"], cudnn_tf32=value["cudnn_tf32"],
+        allocator_conf=value["allocator_conf"], env_profile=value["env_profile"],
         loader=loader, machine=machine)
 
 

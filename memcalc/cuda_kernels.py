@@ -5,8 +5,8 @@ the same tensors alive that the CUDA kernel would. The mode applies them during 
 made for a CUDA target. Adding a kernel is one ``@cuda_substitute`` function.
 
 Known limitations: of CUDA autocast's float32 list only the normalisations and softmaxes are
-applied (``CUDA_AUTOCAST_FP32``); kernels picked by ``torch.backends.cudnn.benchmark`` are
-not modelled.
+applied (``CUDA_AUTOCAST_FP32``); of CPU autocast's float32 list, the pools and pads CUDA
+runs in the input's dtype (``CPU_ONLY_AUTOCAST_FP32``).
 """
 
 from __future__ import annotations
@@ -65,6 +65,28 @@ CUDA_AUTOCAST_FP32 = [
 ]
 for _function in CUDA_AUTOCAST_FP32:
     cuda_substitute(_function)(_in_float32_under_autocast(_function))
+
+
+def _in_input_dtype_under_autocast(function: Callable) -> Callable:
+    """CPU autocast runs these in float32 (``autocast_mode.cpp``, AutocastCPU's fp32 policy)
+    while CUDA autocast leaves them alone, so on CUDA they run in their input's dtype: a
+    3D U-Net's pools would otherwise keep an fp32 copy and an fp32 output per pool."""
+
+    def rewrite(*args, **kwargs):
+        if torch.is_autocast_enabled("cpu"):
+            with torch.autocast("cpu", enabled=False):
+                return function(*args, **kwargs)
+        return function(*args, **kwargs)
+
+    return rewrite
+
+
+CPU_ONLY_AUTOCAST_FP32 = [
+    F.max_pool3d, F.avg_pool3d, F.adaptive_avg_pool3d, F.adaptive_max_pool3d,
+    F.max_unpool2d, F.max_unpool3d, F.fractional_max_pool2d, F.fractional_max_pool3d, F.pad,
+]
+for _function in CPU_ONLY_AUTOCAST_FP32:
+    cuda_substitute(_function)(_in_input_dtype_under_autocast(_function))
 
 
 class CudaKernelMode(TorchFunctionMode):

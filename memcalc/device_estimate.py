@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from memcalc.allocator_settings import AllocatorSettings
 from memcalc.cuda_allocator import replay
 from memcalc.cuda_overheads import context_bytes, workspace_allocations
+from memcalc.env_profile import EnvProfile
 from memcalc.gpus import GpuSpec
 from memcalc.report import (
     Breakdown,
@@ -28,8 +30,10 @@ CONV_OPS = frozenset({"convolution", "_convolution", "mkldnn_convolution", "conv
 
 
 def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult,
-                         gpu: GpuSpec | None) -> DeviceReport:
-    """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context."""
+                         gpu: GpuSpec | None, profile: EnvProfile,
+                         usable_bytes: int | None = None) -> DeviceReport:
+    """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context,
+    and with ``usable_bytes`` (capacity minus headroom) whether the step runs in it."""
     ledger = trace.ledger
     per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
                         key=lambda item: (-item[1], item[0]))
@@ -37,13 +41,24 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
     compute_peak, optimizer_peak = ledger.phase_peaks()
     cuda_fields = {}
     if spec.device is DeviceKind.CUDA:
-        workspaces = workspace_allocations(gpu, uses_matmul=bool(trace.op_names & CUBLAS_OPS))
+        uses_matmul = bool(trace.op_names & CUBLAS_OPS)
+        workspaces = workspace_allocations(profile, gpu, uses_matmul)
+        settings = AllocatorSettings.from_conf(spec.allocator_conf)
+        context = context_bytes(profile, spec.cuda_module_loading, uses_matmul=uses_matmul,
+                                uses_conv=bool(trace.op_names & CONV_OPS))
+        unlimited = replay(ledger.events, workspaces, settings)
+        outside = context + profile.driver_reserved_bytes
+        limited = (replay(ledger.events, workspaces, settings,
+                          limit_bytes=max(0, usable_bytes - outside))
+                   if usable_bytes is not None else None)
+        # Where the limit is reached, the allocator frees its cache and retries: what the
+        # card then holds is the limited replay's peak.
+        reserved = limited if limited is not None and limited.fits else unlimited
+        runs = limited.fits if limited is not None else None
         cuda_fields = dict(
-            peak_reserved_bytes=replay(ledger.events, resident_bytes=workspaces).peak_reserved_bytes,
-            workspace_bytes=sum(workspaces),
-            context_bytes=context_bytes(spec.cuda_module_loading,
-                                        uses_conv=bool(trace.op_names & CONV_OPS)),
-        )
+            peak_reserved_bytes=reserved.peak_reserved_bytes,
+            workspace_bytes=sum(workspaces), context_bytes=context,
+            cudnn_calls=trace.cudnn_calls, env_profile=profile.name, runs_at_capacity=runs)
     return DeviceReport(
         kind=spec.device.value,
         batch_size=batch_size,
@@ -63,7 +78,7 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
 
 def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEstimate,
                          leaf_output_elements: int | None, dtype: torch.dtype,
-                         uses_conv: bool) -> DeviceReport:
+                         uses_conv: bool, profile: EnvProfile) -> DeviceReport:
     """Model states + input + every leaf layer's output once (a lower bound on activations).
 
     ``static`` is counted at ``batch_size``; the leaf outputs are per sample.
@@ -83,5 +98,7 @@ def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEsti
         top_modules=[],
         peak_phase=None,
         peak_iteration=None,
-        context_bytes=context_bytes(spec.cuda_module_loading, uses_conv) if on_cuda else 0,
+        context_bytes=(context_bytes(profile, spec.cuda_module_loading, uses_matmul=True,
+                                     uses_conv=uses_conv) if on_cuda else 0),
+        env_profile=profile.name if on_cuda else None,
     )

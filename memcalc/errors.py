@@ -32,3 +32,8 @@ class MemoryBudgetError(MemcalcError):
     def __init__(self, message: str, report=None, plan=None) -> None:
         super().__init__(message)
         self.report, self.plan = report, plan
+
+
+class CalibrationError(MemcalcError):
+    """The GPU measurements of ``memcalc calibrate`` could not be made (no GPU, NVML
+    missing, a measuring process failed)."""

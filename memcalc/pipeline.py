@@ -9,7 +9,9 @@ import torch
 from memcalc.assumptions import assumptions
 from memcalc.assumptions import unsupported as unsupported_cuda_effects
 from memcalc.checkpointing import repeated_blocks
+from memcalc.allocator_settings import AllocatorSettings
 from memcalc.device_estimate import static_device_report, traced_device_report
+from memcalc.env_profile import EnvProfile, resolve_profile
 from memcalc.errors import InputError, TraceError
 from memcalc.flops import step_flops
 from memcalc.gpus import GpuSpec, find_gpu
@@ -41,6 +43,9 @@ class _Prepared:
 
     spec: TrainingSpec
     gpu: GpuSpec | None
+    profile: EnvProfile
+    usable_bytes: int | None
+    """Capacity minus headroom (None when no GPU or memory size is given)."""
     model: torch.nn.Module
     layout: LayoutDecision
     setup: StepSetup
@@ -79,12 +84,13 @@ class _Prepared:
             try:
                 trace = trace_training_step(setup)
                 self.output_shapes[batch_size] = trace.output_shape
-                return traced_device_report(self.spec, batch_size, trace, self.gpu)
+                return traced_device_report(self.spec, batch_size, trace, self.gpu,
+                                            self.profile, self.usable_bytes)
             except TraceError as error:
                 self.trace_error = str(error)
         return static_device_report(self.spec, batch_size, self.static_at(batch_size),
                                     self.leaf_output_elements, self.setup.policy.parameter_dtype,
-                                    self.has_conv)
+                                    self.has_conv, self.profile)
 
 
 def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
@@ -96,7 +102,8 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     prepared, layers, table_error = _prepare(spec, measurement)
     capacity = spec.gpu_memory_bytes or (prepared.gpu.memory_bytes if prepared.gpu else None)
     headroom = int(capacity * spec.headroom_fraction) if capacity else 0
-    plan = (plan_batch(lambda b: prepared.device_report(b).total_bytes, capacity - headroom)
+    plan = (plan_batch(lambda b: prepared.device_report(b).total_bytes, capacity - headroom,
+                       lambda b: prepared.device_report(b).fits)
             if capacity else None)
     if plan is not None:
         plan = plan.model_copy(update={"points": [_with_phases(point, prepared.device_report(
@@ -104,6 +111,7 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     batch_size = spec.batch_size or (plan.max_batch_size if plan and plan.max_batch_size else 1)
     device = prepared.device_report(batch_size).model_copy(
         update=dict(capacity_bytes=capacity, headroom_bytes=headroom, plan=plan))
+
     unsupported = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
     blocks = prepared.setup.checkpoint_blocks
     if spec.activation_checkpointing and not blocks:
@@ -137,7 +145,8 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
                            dtype=str(setup.batch_dtype).removeprefix("torch."),
                            output_shape=prepared.output_shapes.get(batch_size)),
         static=static, device=device,
-        assumptions=assumptions(spec, prepared.gpu, model_has_conv=prepared.has_conv,
+        assumptions=assumptions(spec, prepared.gpu, prepared.profile,
+                                model_has_conv=prepared.has_conv,
                                 foreach=setup.foreach, traced=device.method == "traced")
         + extra_assumptions,
         unsupported=unsupported + unsupported_cuda_effects(spec), host=host,
@@ -157,6 +166,10 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
     gpu = find_gpu(spec.gpu) if spec.gpu else None
     if (gpu or spec.gpu_memory_bytes) and spec.device is not DeviceKind.CUDA:
         raise InputError("--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda")
+    profile = resolve_profile(spec.env_profile, gpu)
+    AllocatorSettings.from_conf(spec.allocator_conf)  # a bad setting fails here, once
+    capacity = spec.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
+    usable = capacity - int(capacity * spec.headroom_fraction) if capacity else None
     source = resolve_model(spec.model, spec.model_args)
     model = source.build_meta()
     measured_shape = tuple(measurement.sample_shape) if measurement else None
@@ -182,12 +195,14 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
                       keep_zeroed_grads=not spec.zero_grad_to_none,
                       checkpoint_blocks=tuple(repeated_blocks(model))
                       if spec.activation_checkpointing else (),
-                      offload_activations=spec.offload_activations, halo_axis=halo_axis)
+                      offload_activations=spec.offload_activations, halo_axis=halo_axis,
+                      cudnn=profile.cudnn if spec.device is DeviceKind.CUDA else None,
+                      cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32)
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
-    prepared = _Prepared(spec, gpu, model, layout, setup, has_conv, leaf_output_elements,
-                         sample_shape, dtype_name)
+    prepared = _Prepared(spec, gpu, profile, usable, model, layout, setup, has_conv,
+                         leaf_output_elements, sample_shape, dtype_name)
     return prepared, layers, table_error
 
 

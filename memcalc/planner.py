@@ -50,27 +50,35 @@ class BatchPlan(BaseModel):
     points: list[PlanPoint]
 
 
-def plan_batch(total_at: Callable[[int], int], usable_bytes: int) -> BatchPlan:
-    """Find the largest batch with ``total_at(batch) <= usable_bytes``."""
+def plan_batch(total_at: Callable[[int], int], usable_bytes: int,
+               fits_at: Callable[[int], bool | None] | None = None) -> BatchPlan:
+    """Find the largest batch that fits: ``fits_at(batch)`` when given (the allocator
+    replayed with the usable bytes as its limit), else ``total_at(batch) <= usable_bytes``.
+    Totals steer the search either way."""
     totals: dict[int, int] = {}
+    fitting: dict[int, bool] = {}
 
     def measure(batch: int) -> int:
         if batch not in totals:
             totals[batch] = total_at(batch)
+            verdict = fits_at(batch) if fits_at else None
+            fitting[batch] = totals[batch] <= usable_bytes if verdict is None else verdict
         return totals[batch]
 
     small, large = FIT_BATCHES
     measure(large)
-    if measure(small) > usable_bytes:
-        return _plan(usable_bytes, (small, large), 0, True, totals)
-    best = _search(measure, totals, usable_bytes)
-    confirmed = best + 1 in totals and totals[best + 1] > usable_bytes
+    measure(small)
+    if not fitting[small]:
+        return _plan(usable_bytes, (small, large), 0, True, totals, fitting)
+    best = _search(measure, totals, fitting, usable_bytes)
+    confirmed = best + 1 in totals and not fitting[best + 1]
     # Near the answer the allocator rounds every large tensor to its own segment, so the
     # line through batch 1 and the planned batch describes the operating range best.
-    return _plan(usable_bytes, (small, max(large, best)), best, confirmed, totals)
+    return _plan(usable_bytes, (small, max(large, best)), best, confirmed, totals, fitting)
 
 
-def _search(measure: Callable[[int], int], totals: dict[int, int], usable_bytes: int) -> int:
+def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict[int, bool],
+            usable_bytes: int) -> int:
     """Largest traced batch that fits, tracing until the next one up is known not to.
 
     Secant steps through the bracket's ends; after two steps that land on the same side,
@@ -78,15 +86,18 @@ def _search(measure: Callable[[int], int], totals: dict[int, int], usable_bytes:
     """
     sides: list[bool] = []
     for _ in range(MAX_TRACES):
-        fitting = max(batch for batch, total in totals.items() if total <= usable_bytes)
-        over = [batch for batch, total in totals.items() if total > usable_bytes]
+        over = [batch for batch in totals if not fitting[batch]]
         ceiling = min(over) if over else None
-        if ceiling == fitting + 1 or fitting >= MAX_BATCH:
-            return fitting
+        best = max(batch for batch in totals if fitting[batch]
+                   and (ceiling is None or batch < ceiling))
+        if ceiling == best + 1 or best >= MAX_BATCH:
+            return best
         bisect = len(sides) >= 2 and sides[-1] == sides[-2]
-        candidate = _next_candidate(totals, fitting, ceiling, usable_bytes, bisect)
-        sides.append(measure(candidate) <= usable_bytes)
-    return max(batch for batch, total in totals.items() if total <= usable_bytes)
+        candidate = _next_candidate(totals, best, ceiling, usable_bytes, bisect)
+        measure(candidate)
+        sides.append(fitting[candidate])
+    over = [batch for batch in totals if not fitting[batch]]
+    return max(batch for batch in totals if fitting[batch] and (not over or batch < min(over)))
 
 
 def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
@@ -108,10 +119,10 @@ def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
     return max(fitting + 1, min(guess, ceiling - 1))
 
 
-def _plan(usable_bytes, fit_batches, best, confirmed, totals) -> BatchPlan:
+def _plan(usable_bytes, fit_batches, best, confirmed, totals, fitting) -> BatchPlan:
     batch_a, batch_b = fit_batches
     per_sample = max(0, round((totals[batch_b] - totals[batch_a]) / (batch_b - batch_a)))
-    points = [PlanPoint(batch_size=batch, total_bytes=total, fits=total <= usable_bytes)
+    points = [PlanPoint(batch_size=batch, total_bytes=total, fits=fitting[batch])
               for batch, total in sorted(totals.items())]
     return BatchPlan(usable_bytes=usable_bytes, model_bytes=totals[batch_a] - batch_a * per_sample,
                      per_sample_bytes=per_sample, fit_batches=fit_batches, max_batch_size=best,

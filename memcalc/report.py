@@ -28,6 +28,7 @@ class Breakdown(BaseModel):
     optimizer_state: int
     activations: int
     temporaries: int
+    workspaces: int = 0
 
     @classmethod
     def from_categories(cls, bytes_by_category: dict[MemoryCategory, int]) -> Breakdown:
@@ -150,6 +151,14 @@ class DeviceReport(BaseModel):
     """cuBLAS workspaces, allocated through the caching allocator (inside reserved)."""
     context_bytes: int = 0
     """CUDA context and loaded kernels (outside the allocator; 0 on CPU)."""
+    cudnn_calls: int = 0
+    """cuDNN calls of the traced iterations given a workspace (forward, dgrad, wgrad)."""
+    env_profile: str | None = None
+    """Name of the environment profile the CUDA figures come from."""
+    runs_at_capacity: bool | None = None
+    """Replayed with capacity − headroom − context as the allocator's limit (cached blocks
+    freed and retried, workspaces given up when short, as PyTorch and cuDNN do): whether the
+    step runs. None without a capacity."""
     capacity_bytes: int | None = None
     """Device memory planned for (``--gpu`` or ``--gpu-memory``); None when not given."""
     headroom_bytes: int = 0
@@ -178,9 +187,12 @@ class DeviceReport(BaseModel):
     @computed_field
     @property
     def fits(self) -> bool | None:
-        """Whether ``total_bytes`` fits capacity minus headroom; None without a capacity."""
+        """Whether the step runs in capacity minus headroom (``runs_at_capacity`` when the
+        allocator was replayed with that limit); None without a capacity."""
         if self.capacity_bytes is None:
             return None
+        if self.runs_at_capacity is not None:
+            return self.runs_at_capacity
         return self.total_bytes <= self.capacity_bytes - self.headroom_bytes
 
     @computed_field

@@ -108,6 +108,15 @@ class TrainingSpec(BaseModel):
     headroom_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Share of capacity kept free for what is not modelled (cuDNN workspaces, other processes)."""
     cuda_module_loading: ModuleLoading = ModuleLoading.LAZY
+    cudnn_benchmark: bool = False
+    """``torch.backends.cudnn.benchmark``: plan searches at each new convolution shape."""
+    cudnn_tf32: bool = True
+    """``torch.backends.cudnn.allow_tf32`` (PyTorch's default is True)."""
+    allocator_conf: str | None = None
+    """``PYTORCH_CUDA_ALLOC_CONF`` of the training job (``expandable_segments:True``...)."""
+    env_profile: str | None = None
+    """Environment profile file (``memcalc calibrate``); None: ``$MEMCALC_ENV_PROFILE``,
+    the default location, else the built-in profile for the card."""
     feed: FeedSpec = Field(default_factory=FeedSpec)
     """Step and sample times for the feeding model (``memcalc.feeding``)."""
     loader: LoaderSpec = Field(default_factory=LoaderSpec)

@@ -28,6 +28,7 @@ from memcalc._torch_internals import (
 from memcalc.categories import MemoryCategory
 from memcalc.checkpointing import apply_checkpointing
 from memcalc.cuda_kernels import CudaKernelMode
+from memcalc.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError
 from memcalc.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.losses import compute_loss, make_target, primary_output
@@ -35,6 +36,7 @@ from memcalc.offload import OffloadCounter
 from memcalc.optimizers import OptimizerRule
 from memcalc.precision import PrecisionPolicy, cpu_autocast
 from memcalc.spatial import ZeroHalos, apply_halo_exchange
+from memcalc.trace_workspaces import ConvWorkspaces
 from memcalc.specs import LossKind
 
 # Module paths given to storages made outside any submodule.
@@ -64,6 +66,10 @@ class StepSetup:
     """Saved activations go to host memory in forward and come back in backward."""
     halo_axis: int | None = None
     """Spatial parallelism: the batch axis split over GPUs; padded convs/pools exchange halos."""
+    cudnn: WorkspaceModel | None = None
+    """cuDNN workspace rules; None: no workspaces are inserted (CPU targets)."""
+    cudnn_benchmark: bool = False
+    cudnn_tf32: bool = True
     iterations: int = 2
 
 
@@ -77,6 +83,8 @@ class TraceResult:
     """Host bytes the offloaded activations of one iteration take (0 without offloading)."""
     halo_bytes: int = 0
     """Halo rows one rank receives in one iteration (0 without spatial parallelism)."""
+    cudnn_calls: int = 0
+    """cuDNN calls given a workspace (0 when no workspace model was applied)."""
 
 
 class _Cursor:
@@ -131,7 +139,16 @@ def _trace(setup: StepSetup) -> TraceResult:
         return ledger.allocate(nbytes, cursor.phase, cursor.iteration, cursor.module_path,
                                MemoryCategory.TEMPORARY)
 
-    watcher = StorageWatcher(on_new, ledger.free)
+    def transient(nbytes: int) -> None:
+        if nbytes > 0:
+            ledger.free(ledger.allocate(nbytes, cursor.phase, cursor.iteration,
+                                        cursor.module_path, MemoryCategory.WORKSPACE,
+                                        optional=True))
+
+    workspaces = (ConvWorkspaces(setup.cudnn, transient, ledger.empty_cache,
+                                 benchmark=setup.cudnn_benchmark, tf32=setup.cudnn_tf32)
+                  if setup.cudnn is not None else None)
+    watcher = StorageWatcher(on_new, ledger.free, workspaces)
     halo = ZeroHalos()
     model = step_model(setup, halo)
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
@@ -150,7 +167,7 @@ def _trace(setup: StepSetup) -> TraceResult:
         for handle in handles:
             handle.remove()
     return TraceResult(ledger, output_shape, frozenset(watcher.op_names), offload.peak_bytes,
-                       halo.peak_bytes)
+                       halo.peak_bytes, workspaces.calls if workspaces else 0)
 
 
 def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload, halo

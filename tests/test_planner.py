@@ -47,3 +47,11 @@ def test_batch_one_over_capacity_plans_zero():
     assert plan.max_batch_size == 0 and plan.confirmed
     assert [point.batch_size for point in plan.points] == [1, 8]
     assert plan.per_sample_bytes == 100 * 2**30 and plan.model_bytes == 0
+
+
+def test_a_fit_predicate_decides_over_the_totals():
+    # totals say batch 10 is the last under 100, but the allocator replay (the predicate)
+    # fits up to 12: it frees cached blocks before an out-of-memory
+    plan = plan_batch(lambda b: 10 * b, 100, lambda b: b <= 12)
+    assert plan.max_batch_size == 12 and plan.confirmed
+    assert {p.batch_size: p.fits for p in plan.points}[12] is True

@@ -76,7 +76,7 @@ def test_a_slab_that_cannot_be_traced_is_named_not_dropped():
     candidate, failure = fewest_spatial_parts(base, ClusterSpec(), find_gpu("T4"), states)
     assert candidate is None
     assert re.match(r"spatial×\d+ \+ baseline: the slab could not be traced \(traced step: .*"
-                    r"RuntimeError: .*32768\] X \[524288, 2\]", failure)
+                    r"RuntimeError: .*\d+\] X \[524288, 2\]", failure)
 
 
 def test_halo_bytes_are_the_padding_rows_of_every_padded_layer():

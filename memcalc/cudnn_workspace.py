@@ -1,0 +1,231 @@
+"""cuDNN convolution calls and the workspace each one allocates through the caching allocator.
+
+A ``ConvCall`` names one cuDNN call of a training step (forward, data gradient or weight
+gradient) by its shapes, dtype and math mode; ``MeasuredConv`` is what a real GPU held
+during it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from math import prod
+
+from pydantic import BaseModel, ConfigDict
+
+_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+class ConvKind(str, Enum):
+    """The three cuDNN calls of a convolution in training."""
+
+    FORWARD = "fwd"
+    DGRAD = "dgrad"
+    WGRAD = "wgrad"
+
+
+class ConvCall(BaseModel):
+    """One cuDNN call: ``input`` is x, ``output`` is y (the forward's), for every kind."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: ConvKind
+    input_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    transposed: bool
+    dtype: str
+    channels_last: bool = False
+    tf32: bool = True
+    """``torch.backends.cudnn.allow_tf32`` (True by default)."""
+    benchmark: bool = False
+    """``torch.backends.cudnn.benchmark`` (False by default)."""
+
+    @property
+    def spatial_dims(self) -> int:
+        return len(self.input_shape) - 2
+
+    @property
+    def element_bytes(self) -> int:
+        return _ELEMENT_BYTES.get(self.dtype, 4)
+
+    @property
+    def input_bytes(self) -> int:
+        return prod(self.input_shape) * self.element_bytes
+
+    @property
+    def output_bytes(self) -> int:
+        return prod(self.output_shape) * self.element_bytes
+
+    @property
+    def weight_bytes(self) -> int:
+        return prod(self.weight_shape) * self.element_bytes
+
+    @property
+    def depthwise(self) -> bool:
+        return self.groups > 1 and self.groups == self.input_shape[1]
+
+
+class MeasuredConv(BaseModel):
+    """What one call held on a real GPU beyond its inputs and outputs (allocator block bytes)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    call: ConvCall
+    backend: str
+    """ATen's conv backend (``Cudnn``, ``CudaDepthwise2d``, ...)."""
+    iteration: int
+    first_call: bool
+    """First call with this signature in the process (cuDNN picks and caches its plan)."""
+    transient_peak_bytes: int
+    transient_total_bytes: int
+    transient_blocks: int
+    reserved_growth_bytes: int
+    alloc_retries: int = 0
+
+
+class ShapeClass(str, Enum):
+    """Convolution families whose cuDNN engines need workspace differently."""
+
+    CONV = "conv"
+    POINTWISE = "pointwise"
+    """1×1 kernel, stride 1: a plain matrix product, usually no workspace."""
+    DEPTHWISE = "depthwise"
+    TRANSPOSED = "transposed"
+
+
+def math_mode(call: ConvCall) -> str:
+    """``fp32`` (TF32 off), ``tf32`` (fp32 with cuDNN's TF32, the default) or ``half``."""
+    if call.dtype == "float32":
+        return "tf32" if call.tf32 else "fp32"
+    return "half"
+
+
+def shape_class(call: ConvCall) -> ShapeClass:
+    if call.transposed:
+        return ShapeClass.TRANSPOSED
+    if call.depthwise:
+        return ShapeClass.DEPTHWISE
+    if all(size == 1 for size in call.weight_shape[2:]) and all(s == 1 for s in call.stride):
+        return ShapeClass.POINTWISE
+    return ShapeClass.CONV
+
+
+RuleKey = tuple[ConvKind, int, str, ShapeClass]
+
+
+def rule_key(call: ConvCall) -> RuleKey:
+    return (call.kind, min(call.spatial_dims, 3), math_mode(call), shape_class(call))
+
+
+class WorkspaceRule(BaseModel):
+    """``bytes = input_coef·x + output_coef·y + weight_coef·w`` (tensor bytes) for one class
+    of calls, fitted by non-negative least squares, with the fit's error on its data."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: ConvKind
+    spatial_dims: int
+    math: str
+    shape: ShapeClass
+    input_coef: float
+    output_coef: float
+    weight_coef: float
+    calls: int
+    """Distinct measured calls the rule was fitted to."""
+    error_fraction: float
+    """Sum of absolute errors over the sum of measured bytes, on the fitted calls."""
+    max_error_bytes: int
+
+    @property
+    def key(self) -> RuleKey:
+        return (self.kind, self.spatial_dims, self.math, self.shape)
+
+    def predict(self, call: ConvCall) -> int:
+        return max(0, round(self.input_coef * call.input_bytes + self.output_coef
+                            * call.output_bytes + self.weight_coef * call.weight_bytes))
+
+
+class WorkspaceModel(BaseModel):
+    """Rules for the workspace a call's chosen plan allocates (``rules``) and, with
+    ``cudnn.benchmark``, the buffer the first call of a signature times plans in
+    (``find_rules``). A class without a rule borrows the nearest one (same kind and math)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    rules: list[WorkspaceRule]
+    find_rules: list[WorkspaceRule] = []
+
+    def workspace_bytes(self, call: ConvCall) -> int:
+        rule = _nearest(self.rules, rule_key(call))
+        return rule.predict(call) if rule else 0
+
+    def find_bytes(self, call: ConvCall) -> int:
+        rule = _nearest(self.find_rules, rule_key(call))
+        return max(rule.predict(call) if rule else 0, self.workspace_bytes(call))
+
+    def error_summary(self) -> tuple[float, int]:
+        """Weighted fit error over all rules, and the calls they were fitted to."""
+        calls = sum(rule.calls for rule in self.rules)
+        if not calls:
+            return 0.0, 0
+        return sum(rule.error_fraction * rule.calls for rule in self.rules) / calls, calls
+
+
+def _nearest(rules: list[WorkspaceRule], key: RuleKey) -> WorkspaceRule | None:
+    exact = [rule for rule in rules if rule.key == key]
+    if exact:
+        return exact[0]
+    kind, dims, math, shape = key
+    similar = [rule for rule in rules if rule.kind == kind and rule.shape == shape
+               and rule.math == math]
+    return min(similar, key=lambda rule: abs(rule.spatial_dims - dims)) if similar else None
+
+
+def fit_rules(samples: list[tuple[ConvCall, int]]) -> list[WorkspaceRule]:
+    """One rule per class of the measured ``(call, bytes)`` samples (distinct calls; the
+    largest bytes seen for a call are kept)."""
+    largest: dict[ConvCall, int] = {}
+    for call, nbytes in samples:
+        largest[call] = max(largest.get(call, 0), nbytes)
+    classes: dict[RuleKey, list[tuple[ConvCall, int]]] = {}
+    for call, nbytes in largest.items():
+        classes.setdefault(rule_key(call), []).append((call, nbytes))
+    return [_fit_class(key, items) for key, items in sorted(classes.items(), key=str)]
+
+
+def _fit_class(key: RuleKey, items: list[tuple[ConvCall, int]]) -> WorkspaceRule:
+    features = [(call.input_bytes, call.output_bytes, call.weight_bytes) for call, _ in items]
+    measured = [nbytes for _, nbytes in items]
+    coefficients = _nonnegative_least_squares(features, measured)
+    predicted = [sum(c * f for c, f in zip(coefficients, row)) for row in features]
+    errors = [abs(p - m) for p, m in zip(predicted, measured)]
+    kind, dims, math, shape = key
+    return WorkspaceRule(kind=kind, spatial_dims=dims, math=math, shape=shape,
+                         input_coef=round(coefficients[0], 4) + 0.0,
+                         output_coef=round(coefficients[1], 4) + 0.0,
+                         weight_coef=round(coefficients[2], 4) + 0.0, calls=len(items),
+                         error_fraction=round(sum(errors) / max(1, sum(measured)), 4),
+                         max_error_bytes=round(max(errors)))
+
+
+def _nonnegative_least_squares(rows: list[tuple[int, ...]], targets: list[int]) -> list[float]:
+    """Least squares with coefficients ≥ 0: drop the most negative one and solve again."""
+    import torch
+
+    active = list(range(len(rows[0])))
+    matrix = torch.tensor(rows, dtype=torch.float64)
+    vector = torch.tensor(targets, dtype=torch.float64).unsqueeze(1)
+    solution = torch.zeros(0, dtype=torch.float64)
+    while active:
+        solution = torch.linalg.lstsq(matrix[:, active], vector).solution.squeeze(1)
+        if bool((solution >= 0).all()):
+            break
+        active.pop(int(torch.argmin(solution)))
+    coefficients = [0.0] * len(rows[0])
+    for index, value in zip(active, solution.tolist()):
+        coefficients[index] = value
+    return coefficients
