@@ -218,14 +218,19 @@ def _nonnegative_least_squares(rows: list[tuple[int, ...]], targets: list[int]) 
 
     active = list(range(len(rows[0])))
     matrix = torch.tensor(rows, dtype=torch.float64)
+    # Columns scaled to unit norm and solved by SVD with a cutoff: input and output bytes are
+    # nearly proportional in some classes, and the minimum-norm answer is then the stable one.
+    scale = matrix.norm(dim=0).clamp(min=1.0)
+    matrix = matrix / scale
     vector = torch.tensor(targets, dtype=torch.float64).unsqueeze(1)
     solution = torch.zeros(0, dtype=torch.float64)
     while active:
-        solution = torch.linalg.lstsq(matrix[:, active], vector).solution.squeeze(1)
-        if bool((solution >= 0).all()):
+        solution = torch.linalg.lstsq(matrix[:, active], vector, rcond=1e-6,
+                                      driver="gelsd").solution.squeeze(1)
+        if bool((solution >= -1e-9 * solution.abs().max()).all()):
             break
         active.pop(int(torch.argmin(solution)))
     coefficients = [0.0] * len(rows[0])
     for index, value in zip(active, solution.tolist()):
-        coefficients[index] = value
+        coefficients[index] = max(0.0, value) / float(scale[index])
     return coefficients

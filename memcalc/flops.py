@@ -3,6 +3,8 @@ counted by PyTorch's ``FlopCounterMode`` on fake tensors: matmuls, convolutions,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -13,7 +15,23 @@ from memcalc.spatial import ZeroHalos
 from memcalc.tracing import StepSetup, step_model
 
 
-def step_flops(setup: StepSetup) -> int:
+_CONVOLUTION_OPS = ("convolution", "convolution_backward", "_convolution")
+
+
+@dataclass(frozen=True)
+class StepFlops:
+    """FLOPs of one iteration, and how many of them are convolutions (cuDNN runs fp32
+    convolutions on TF32 tensor cores by default; matmuls stay fp32)."""
+
+    total: int
+    convolution: int
+
+    @property
+    def convolution_fraction(self) -> float:
+        return self.convolution / self.total if self.total else 0.0
+
+
+def step_flops(setup: StepSetup) -> StepFlops:
     """FLOPs of one iteration at ``setup.batch_shape`` (the optimizer step is not counted)."""
     with fake_cpu_mode():
         model = step_model(setup, ZeroHalos())
@@ -25,4 +43,7 @@ def step_flops(setup: StepSetup) -> int:
                 target = make_target(setup.loss, output, setup.classes_last)
                 loss = compute_loss(setup.loss, output, target, setup.classes_last)
             loss.backward()
-    return int(counter.get_total_flops())
+    per_op = counter.get_flop_counts().get("Global", {})
+    convolution = sum(count for op, count in per_op.items()
+                      if getattr(op, "__name__", str(op)).split(".")[0] in _CONVOLUTION_OPS)
+    return StepFlops(int(counter.get_total_flops()), int(convolution))

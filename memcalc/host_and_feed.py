@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memcalc.errors import TraceError
 from memcalc.feeding import ThroughputReport, feeding_report
-from memcalc.gpu_speed import compute_seconds
+from memcalc.gpu_speed import compute_seconds, peak_flops
 from memcalc.gpus import GpuSpec
 from memcalc.host import (
     HostSpec,
@@ -56,8 +56,11 @@ def _step_time(spec: TrainingSpec, gpu: GpuSpec | None, batch_size: int, flops_a
         flops = flops_at(batch_size)
     except TraceError:
         return None
-    seconds = compute_seconds(flops, gpu, spec.precision, spec.feed.mfu)
-    return seconds, (f"{flops:.3g} FLOPs on {gpu.name} at {spec.feed.mfu:.0%} of peak (--mfu)")
+    seconds = compute_seconds(flops.total, gpu, spec.precision, spec.feed.mfu,
+                              flops.convolution_fraction, spec.cudnn_tf32)
+    rate = peak_flops(gpu, spec.precision, flops.convolution_fraction, spec.cudnn_tf32)[1]
+    return seconds, (f"{flops.total:.3g} FLOPs on {gpu.name} at {spec.feed.mfu:.0%} of its "
+                     f"{rate} peak (--mfu)")
 
 
 def _batch_load_time(spec: TrainingSpec, host: HostReport,

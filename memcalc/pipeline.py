@@ -13,7 +13,7 @@ from memcalc.allocator_settings import AllocatorSettings
 from memcalc.device_estimate import static_device_report, traced_device_report
 from memcalc.env_profile import EnvProfile, resolve_profile
 from memcalc.errors import InputError, TraceError
-from memcalc.flops import step_flops
+from memcalc.flops import StepFlops, step_flops
 from memcalc.gpus import GpuSpec, find_gpu
 from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
@@ -68,7 +68,7 @@ class _Prepared:
             self.reports[batch_size] = self._report(batch_size)
         return self.reports[batch_size]
 
-    def flops_at(self, batch_size: int) -> int:
+    def flops_at(self, batch_size: int) -> StepFlops:
         """FLOPs of one forward + loss + backward (recomputation included when checkpointing);
         TraceError when the model cannot run on fake tensors."""
         setup = replace(self.setup, batch_shape=(batch_size, *self.layout.traced_sample_shape))
@@ -247,4 +247,9 @@ def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelS
 
 def training_flops(spec: TrainingSpec, batch_size: int = 1) -> int:
     """FLOPs of one forward + loss + backward at ``batch_size`` (``_Prepared.flops_at``)."""
+    return training_step_flops(spec, batch_size).total
+
+
+def training_step_flops(spec: TrainingSpec, batch_size: int = 1) -> StepFlops:
+    """The same FLOPs with their convolution share."""
     return _prepare(spec, None)[0].flops_at(batch_size)

@@ -6,7 +6,7 @@ import pytest
 
 from memcalc.feeding import feeding_report, utilization
 from memcalc.gpus import find_gpu
-from memcalc.pipeline import estimate, training_flops
+from memcalc.pipeline import estimate, training_step_flops
 from memcalc.specs import TrainingSpec
 
 
@@ -43,8 +43,12 @@ def test_cifar_on_two_cpus_is_cpu_bound():
                         machine={"cpus": 2, "ram_bytes": 16 << 30})
     report = estimate(spec)
     throughput = report.throughput
-    peak = find_gpu("A100-80GB").fp32_tflops * 1e12
-    assert throughput.step_time_s == pytest.approx(training_flops(spec, 128) / (peak * 0.4))
+    a100, flops = find_gpu("A100-80GB"), training_step_flops(spec, 128)
+    # convolutions on TF32 tensor cores (cuDNN's default), the classifier's matmul in fp32
+    seconds = (flops.convolution / (a100.tf32_tflops * 1e12)
+               + (flops.total - flops.convolution) / (a100.fp32_tflops * 1e12)) / 0.4
+    assert 0.99 < flops.convolution / flops.total < 1
+    assert throughput.step_time_s == pytest.approx(seconds)
     assert throughput.batch_load_time_s == pytest.approx(128 * 0.002)
     assert throughput.bound == "cpu" and throughput.num_workers == 2
     assert throughput.expected_gpu_utilization < 0.2

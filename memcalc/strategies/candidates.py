@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from memcalc.errors import TraceError
 from memcalc.gpu_speed import compute_seconds
 from memcalc.gpus import GpuSpec
-from memcalc.pipeline import estimate, training_flops
+from memcalc.pipeline import estimate, training_step_flops
 from memcalc.report import Report
 from memcalc.specs import Precision, TrainingSpec
 from memcalc.strategies.cost import (
@@ -43,6 +43,11 @@ class TracedVariant:
     spec: TrainingSpec
     report: Report
     flops_per_sample: float
+    convolution_fraction: float = 0.0
+
+    def compute_seconds(self, flops: float, gpu, mfu: float) -> float:
+        return compute_seconds(flops, gpu, self.spec.precision, mfu, self.convolution_fraction,
+                               self.spec.cudnn_tf32)
 
     @property
     def label(self) -> str:
@@ -52,10 +57,10 @@ class TracedVariant:
 def traced_variant(strategy: Strategy, spec: TrainingSpec) -> TracedVariant:
     report = estimate(spec.with_changes(batch_size=None))
     try:
-        flops = float(training_flops(spec, 1))
+        flops = training_step_flops(spec, 1)
     except TraceError:
-        flops = 0.0
-    return TracedVariant(strategy, spec, report, flops)
+        return TracedVariant(strategy, spec, report, 0.0)
+    return TracedVariant(strategy, spec, report, float(flops.total), flops.convolution_fraction)
 
 
 def mixed_precision_for(gpu: GpuSpec) -> Precision:
@@ -85,8 +90,8 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     steps, global_batch = _accumulation(cluster.global_batch, micro, 1)
     peak = (variant.report.device.total_bytes if micro == plan.max_batch_size   # traced there
             else _peak(plan.model_bytes, plan.per_sample_bytes, micro))
-    compute = steps * compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
-                                      variant.spec.precision, cluster.mfu)
+    compute = steps * variant.compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
+                                              cluster.mfu)
     notes = []
     offloaded = variant.report.device.offloaded_bytes
     transfer = steps * 2 * offloaded / HOST_LINK_BYTES_PER_S
@@ -225,7 +230,7 @@ def _shift(line: _Line, nbytes: float) -> _Line:
 
 
 def _distributed_compute(strategy, base, flops, gpus, steps, cluster, gpu) -> float:
-    per_gpu = compute_seconds(flops / gpus, gpu, base.spec.precision, cluster.mfu)
+    per_gpu = base.compute_seconds(flops / gpus, gpu, cluster.mfu)
     if strategy is Strategy.PIPELINE:
         return per_gpu * (steps + gpus - 1) / steps      # the pipeline bubble
     return per_gpu

@@ -1,0 +1,172 @@
+"""memcalc against training steps measured on a real GPU (benchmarks/gpu_data/).
+
+    python -m benchmarks.gpu            compare the stored measurements; write results-gpu.md
+    python -m benchmarks.gpu --measure  on a CUDA machine: measure again first (~6 min on one
+                                        H100; benchmarks.gpu_measure), then compare
+
+Measured: ``max_memory_allocated``, ``max_memory_reserved`` and NVML's bytes for the process
+(nvidia-smi's figure: what lies outside the allocator plus the reserved peak). Predicted: the
+same step traced on this machine's CPU with the built-in H100 environment profile, whose
+cuDNN rules were fitted to each convolution net's first size only; the second sizes are held
+out. Also: the allocator model replaying the real allocation histories, and step times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import gpu_data
+from benchmarks.gpu_cases import GpuCase
+from benchmarks.gpu_profile import fitted_case
+from benchmarks.results import publish
+from memcalc.cuda_allocator import CachingAllocatorModel
+from memcalc.gpu_speed import compute_seconds
+from memcalc.gpus import find_gpu
+from memcalc.pipeline import estimate, training_step_flops
+
+RESULTS = Path(__file__).with_name("results-gpu.md")
+FIGURES = ("allocated", "reserved", "nvidia-smi")
+MIB = 2**20
+MFU = 0.4   # memcalc's default --mfu
+
+
+def measured_figures(row: dict) -> dict[str, int]:
+    outside = row["nvml_process_after_bytes"] - row["reserved_after_bytes"]
+    return {"allocated": row["max_allocated_bytes"], "reserved": row["max_reserved_bytes"],
+            "nvidia-smi": outside + row["max_reserved_bytes"]}
+
+
+def predicted_figures(case: GpuCase, profile: str = gpu_data.PROFILE) -> dict[str, int]:
+    device = estimate(gpu_data.spec_of(case, env_profile=profile)).device
+    return {"allocated": device.peak_allocated_bytes, "reserved": device.peak_reserved_bytes,
+            "nvidia-smi": device.total_bytes}
+
+
+def case_errors(case: GpuCase, row: dict, profile: str = gpu_data.PROFILE) -> dict[str, float]:
+    """Signed error in percent of the measured figure, per figure."""
+    measured, predicted = measured_figures(row), predicted_figures(case, profile)
+    return {figure: 100 * (predicted[figure] - measured[figure]) / measured[figure]
+            for figure in FIGURES}
+
+
+def is_conv_net(case: GpuCase) -> bool:
+    return case.model not in ("vit_b16", "gpt2")
+
+
+def replay_error(history: list[list]) -> float:
+    """The allocator model run over a real allocation history: its reserved peak against
+    the one the history's own segment events give, in percent."""
+    model, blocks, reserved, peak = CachingAllocatorModel(), {}, 0, 0
+    for action, size, address in history:
+        if action == "segment_alloc":
+            reserved += size
+            peak = max(peak, reserved)
+        elif action == "segment_free":
+            reserved -= size
+        elif action == "alloc":
+            blocks[address] = model.malloc(size)
+        elif action == "free_completed" and address in blocks:
+            model.free(blocks.pop(address))
+    return 100 * (model.peak_reserved_bytes - peak) / peak
+
+
+def step_time_rows() -> list[tuple[str, float, float]]:
+    """(case, measured median seconds, predicted seconds at memcalc's default MFU)."""
+    gpu = find_gpu("H100-80GB")
+    rows = []
+    for timing in gpu_data.steps()["timing"]:
+        case = next(case for case, row in gpu_data.measured_cases() if row["name"] == timing["name"])
+        flops = training_step_flops(gpu_data.spec_of(case), case.batch_size)
+        predicted = compute_seconds(flops.total, gpu, case.precision, MFU,
+                                    flops.convolution_fraction, case.tf32)
+        rows.append((case.name, timing["median_s"], predicted))
+    return rows
+
+
+def _medians(rows: list[tuple[str, dict[str, float]]]) -> str:
+    return " / ".join(f"{statistics.median(abs(errors[f]) for _, errors in rows):.1f} %"
+                      for f in FIGURES)
+
+
+def _step_lines(cases) -> tuple[list[str], list[tuple[str, dict[str, float]]]]:
+    lines = ["| case | fit or held out | allocated | reserved | nvidia-smi | measured (alloc / reserved / smi) |",
+             "|---|---|---:|---:|---:|---:|"]
+    rows = []
+    for case, row in cases:
+        errors = case_errors(case, row)
+        rows.append((case.name, errors))
+        measured = measured_figures(row)
+        lines.append(f"| {case.name} | {'fit' if fitted_case(case.name) else 'held out'} | "
+                     + " | ".join(f"{errors[f]:+.1f} %" for f in FIGURES) + " | "
+                     + " / ".join(f"{measured[f] / MIB:,.0f}" for f in FIGURES) + " MiB |")
+    return lines, rows
+
+
+def report_lines() -> list[str]:
+    cases = gpu_data.measured_cases()
+    steps = gpu_data.steps()
+    versions = steps["versions"]
+    table, rows = _step_lines(cases)
+    conv_names = {case.name for case, _ in cases if is_conv_net(case)}
+    conv = [(n, e) for n, e in rows if n in conv_names]
+    held = [(n, e) for n, e in conv if not fitted_case(n)]
+    lines = [f"Measured on {versions['gpu']}, driver {versions['driver']}, torch {versions['torch']}, "
+             f"CUDA {versions['cuda']}, cuDNN {versions['cudnn']}; predicted with the built-in "
+             f"profile `{gpu_data.PROFILE}`. Errors are (predicted - measured) / measured.", "",
+             "| cases | n | median abs. error: allocated / reserved / nvidia-smi |", "|---|---:|---|",
+             f"| convolution nets, all | {len(conv)} | {_medians(conv)} |",
+             f"| convolution nets, held out (second sizes) | {len(held)} | {_medians(held)} |",
+             f"| convolution nets, fp32 (TF32 on and off) | "
+             f"{len([n for n, _ in conv if 'fp32' in n])} | "
+             f"{_medians([(n, e) for n, e in conv if 'fp32' in n])} |",
+             f"| convolution nets, cudnn.benchmark | {len([n for n, _ in conv if 'bench' in n])} | "
+             f"{_medians([(n, e) for n, e in conv if 'bench' in n])} |",
+             f"| ViT-B/16 and GPT-2 | {len(rows) - len(conv)} | "
+             f"{_medians([(n, e) for n, e in rows if n not in dict(conv)])} |", ""]
+    replays = [replay_error(history) for history in gpu_data.traces().values()]
+    lines += ["Allocator model over the real allocation histories of the same steps: reserved "
+              f"peak within {statistics.median(abs(e) for e in replays):.1f} % (median), "
+              f"{max(abs(e) for e in replays):.1f} % at worst, {len(replays)} histories.", ""]
+    lines += ["| step | measured | predicted (MFU 0.4) | measured MFU |", "|---|---:|---:|---:|"]
+    for name, measured, predicted in step_time_rows():
+        lines.append(f"| {name} | {measured * 1e3:.1f} ms | {predicted * 1e3:.1f} ms | "
+                     f"{MFU * predicted / measured:.2f} |")
+    lines += ["", *_largest_lines(steps.get("largest") or []), *table]
+    return lines
+
+
+def _largest_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["Largest batch on emulated cards: not measured yet (`python -m benchmarks.gpu_measure "
+                "--parts largest --largest FILE` on a GPU; FILE from "
+                "benchmarks.gpu_largest.predicted_largest()).", ""]
+    lines = ["| model | card | planned | true |", "|---|---|---:|---:|"]
+    lines += [f"| {r['model']} {r['precision']} | {r['card']} | {r['predicted']} | {r['true']} |"
+              for r in rows]
+    return lines + [""]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--measure", action="store_true",
+                        help="measure on this machine's GPU first and store the result")
+    args = parser.parse_args(argv)
+    if args.measure:
+        out = Path("benchmarks/out/gpu")
+        subprocess.run([sys.executable, "-m", "benchmarks.gpu_measure", "--out", str(out)],
+                       check=True)
+        gpu_data.import_run(out)
+    start = time.perf_counter()
+    lines = report_lines()
+    lines += ["", f"memcalc on this machine's CPU: {time.perf_counter() - start:.0f} s. Cases: "
+              "benchmarks/gpu_cases.py; measured data: benchmarks/gpu_data/."]
+    publish(RESULTS, "Real GPU training steps vs memcalc", lines)
+
+
+if __name__ == "__main__":
+    main()

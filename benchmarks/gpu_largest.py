@@ -1,0 +1,114 @@
+"""The largest batch that really trains on a card, against memcalc's planned largest batch.
+
+Cards are emulated on one large GPU with ``torch.cuda.set_per_process_memory_fraction``: the
+allocator may reserve the card's nvidia-smi total minus what the driver reserves and what
+this process holds outside the allocator (context, libraries, measured after a batch-1 step).
+A batch fits when two real iterations run without an out-of-memory error; the search starts
+at memcalc's planned batch and walks up or down, then bisects, until a batch fits and the
+next one up does not.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+from benchmarks.gpu_cases import EMULATED_CARDS, LARGEST_BATCH_CASES, GpuCase
+from benchmarks.gpu_data import spec_of
+
+MAX_PROBES = 10
+
+
+def predicted_largest() -> list[dict]:
+    """memcalc's planned largest batch per case and card (no headroom: the bare limit)."""
+    from memcalc.pipeline import estimate
+
+    rows = []
+    for model, shape, precision in LARGEST_BATCH_CASES:
+        case = GpuCase(model, shape, 1, precision)
+        for card, capacity in EMULATED_CARDS.items():
+            spec = spec_of(case, batch_size=None, gpu_memory_bytes=capacity,
+                           headroom_fraction=0.0)
+            plan = estimate(spec).device.plan
+            rows.append({"model": model, "sample_shape": list(shape), "precision": precision,
+                         "card": card, "capacity_bytes": capacity,
+                         "predicted": plan.max_batch_size if plan else 0})
+    return rows
+
+
+def largest_that_fits(fits, start: int) -> tuple[int, dict[int, bool]]:
+    """Largest b with ``fits(b)`` (monotone), probing from ``start``; and every probe."""
+    known: dict[int, bool] = {}
+
+    def probe(batch: int) -> bool:
+        if batch not in known:
+            known[batch] = fits(batch)
+        return known[batch]
+
+    start = max(1, start)
+    if probe(start):  # up: start + 1, then doubling
+        low, candidate = start, start + 1
+        while len(known) < MAX_PROBES and probe(candidate):
+            low, candidate = candidate, candidate * 2
+        high = candidate
+    else:  # down: start - 1, then halving
+        high, candidate = start, start - 1
+        while candidate >= 1 and len(known) < MAX_PROBES and not probe(candidate):
+            high, candidate = candidate, candidate // 2
+        low = max(0, candidate)
+    while high - low > 1 and len(known) < MAX_PROBES:
+        middle = (low + high) // 2
+        low, high = (middle, high) if probe(middle) else (low, middle)
+    return low, known
+
+
+def true_largest(rows: list[dict]) -> list[dict]:
+    """On the GPU: the real largest batch for each predicted row (rows of one model case)."""
+    import torch
+
+    from benchmarks.gpu_step import CudaStep, _fresh_allocator
+    from memcalc.calibration import nvml
+
+    def runs(case: GpuCase) -> tuple[bool, str]:
+        step = None
+        try:
+            step = CudaStep(case)
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize()
+            return True, ""
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            return False, str(error).splitlines()[0][:120]
+        finally:
+            del step
+            gc.collect()
+            torch.cuda.empty_cache()
+
+    first = rows[0]
+    warm = GpuCase(first["model"], tuple(first["sample_shape"]), 1, first["precision"])
+    runs(warm)
+    outside = nvml.process_used_bytes() - torch.cuda.memory_reserved()
+    total = torch.cuda.get_device_properties(0).total_memory
+    driver_reserved = nvml.device_total_bytes() - total
+    results = []
+    for row in rows:
+        allowed = row["capacity_bytes"] - driver_reserved - outside
+        torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total))
+        _fresh_allocator()
+        messages = {}
+
+        def fits(batch: int) -> bool:
+            started = time.time()
+            ok, message = runs(GpuCase(row["model"], tuple(row["sample_shape"]), batch,
+                                       row["precision"]))
+            messages[batch] = message
+            print(f"{row['model']} {row['precision']} {row['card']} b{batch}: "
+                  f"{'fits' if ok else 'OOM'} ({time.time() - started:.1f} s)", flush=True)
+            return ok
+
+        largest, probes = largest_that_fits(fits, row["predicted"])
+        results.append(row | {"true": largest, "probes": {str(k): v for k, v in probes.items()},
+                              "outside_bytes": outside, "allowed_reserved_bytes": allowed,
+                              "failure": messages.get(largest + 1, "")})
+    torch.cuda.set_per_process_memory_fraction(1.0)
+    return results

@@ -1,0 +1,30 @@
+"""Step time from FLOPs: fp32 convolutions at the TF32 peak (cuDNN's default), matmuls at fp32."""
+
+import pytest
+
+from memcalc.gpu_speed import compute_seconds, peak_flops
+from memcalc.gpus import find_gpu
+from memcalc.specs import Precision
+
+A100 = find_gpu("A100-80GB")
+
+
+def test_fp32_matmuls_use_the_fp32_peak():
+    assert peak_flops(A100, Precision.FP32)[0] == A100.fp32_tflops * 1e12
+
+
+def test_fp32_convolutions_use_the_tf32_peak_unless_turned_off():
+    assert peak_flops(A100, Precision.FP32, convolution_fraction=1.0)[0] == A100.tf32_tflops * 1e12
+    assert peak_flops(A100, Precision.FP32, 1.0, cudnn_tf32=False)[0] == A100.fp32_tflops * 1e12
+
+
+def test_a_mixed_step_adds_the_time_of_each_part():
+    flops, share = 1e15, 0.25
+    expected = (flops * share / (A100.tf32_tflops * 1e12)
+                + flops * (1 - share) / (A100.fp32_tflops * 1e12)) / 0.5
+    assert compute_seconds(flops, A100, Precision.FP32, 0.5, share) == pytest.approx(expected)
+
+
+def test_cards_without_tf32_keep_the_fp32_peak():
+    v100 = find_gpu("V100-16GB")
+    assert peak_flops(v100, Precision.FP32, 1.0)[0] == v100.fp32_tflops * 1e12
