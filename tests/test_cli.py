@@ -98,6 +98,12 @@ COMMAND_BAD_INVOCATIONS = {
                                   r"--spatial-parts 16 is more than the 8 positions"),
     "zero GPUs at most": (["plan", "--model", "mlp", "--gpu", "T4", "--max-gpus", "0"], 2,
                           r"'--max-gpus': 0 is not in the range x>=1"),
+    "bad allocator setting": (["estimate", "--model", "mlp", "--allocator-conf",
+                               "expandable_segments:maybe"], 2,
+                              r"allocator setting expandable_segments:maybe: use True or False"),
+    "missing environment profile": (["check", "--model", "mlp", "--batch-size", "2", "--gpu",
+                                     "T4", "--env-profile", "/no/such/profile.json"], 2,
+                                    r"does not exist; write one with `memcalc calibrate`"),
 }
 
 HOST_BAD_INVOCATIONS = {
@@ -281,3 +287,41 @@ def test_estimate_prints_the_feeding_verdict():
     result = CliRunner().invoke(main, args, terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "CPU-bound" in result.output and "workers needed" in result.output
+
+
+def test_a_named_profile_and_the_cudnn_options_reach_the_report():
+    args = ["estimate", "--model", "resnet3d", "--model-arg", "depth=10", "--shape",
+            "3,8,32,32", "--batch-size", "2", "--json", "--env-profile", "h100-torch2.11-cu130"]
+    plain = json.loads(CliRunner().invoke(main, args).stdout)
+    assert plain["device"]["env_profile"] == "h100-torch2.11-cu130"
+    assert plain["device"]["cudnn_calls"] > 0
+    assert any("h100-torch2.11-cu130" in line for line in plain["assumptions"])
+    searched = json.loads(CliRunner().invoke(main, [*args, "--cudnn-benchmark"]).stdout)
+    assert searched["spec"]["cudnn_benchmark"] is True
+    assert searched["device"]["peak_allocated_bytes"] >= plain["device"]["peak_allocated_bytes"]
+    expandable = json.loads(CliRunner().invoke(
+        main, [*args, "--allocator-conf", "expandable_segments:True"]).stdout)
+    assert expandable["device"]["peak_reserved_bytes"] <= plain["device"]["peak_reserved_bytes"]
+    assert any("expandable_segments:True" in line for line in expandable["assumptions"])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has a GPU")
+def test_calibrate_without_a_gpu_is_one_line_and_exit_1():
+    result = CliRunner().invoke(main, ["calibrate"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.stderr.strip().startswith("Error: no CUDA GPU is visible here")
+
+
+def test_calibrate_writes_the_profile_estimates_then_use(monkeypatch, tmp_path):
+    from memcalc.calibration import run
+    from memcalc.env_profile import builtin_profile
+
+    measured = builtin_profile("h100-torch2.11-cu130.json").model_copy(update={"name": "mine"})
+    monkeypatch.setattr(run, "calibrate", lambda name, progress: measured)
+    out = tmp_path / "profile.json"
+    result = CliRunner().invoke(main, ["calibrate", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "profile 'mine' written to" in result.stdout and "cuDNN workspace rules" in result.stdout
+    report = json.loads(CliRunner().invoke(main, ["estimate", *TINY_MLP, "--json",
+                                                  "--env-profile", str(out)]).stdout)
+    assert report["device"]["env_profile"] == "mine"
