@@ -68,3 +68,20 @@ def test_calibrate_without_a_gpu_says_where_to_run_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(CalibrationError, match="no CUDA GPU is visible here"):
         calibrate()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_calibrate_round_trips_into_an_estimate(tmp_path):
+    from click.testing import CliRunner
+
+    from memcalc.cli import main
+    from memcalc.env_profile import load_profile
+
+    out = tmp_path / "profile.json"
+    assert CliRunner().invoke(main, ["calibrate", "--out", str(out)]).exit_code == 0
+    profile = load_profile(out)
+    assert profile.floor.context_bytes > 0 and profile.cudnn.rules
+    result = CliRunner().invoke(main, ["estimate", "--model", "unet3d", "--shape", "1,32,32,32",
+                                       "--json", "--env-profile", str(out)])
+    assert f'"env_profile": "{profile.name}"' in result.stdout

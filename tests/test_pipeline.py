@@ -138,3 +138,17 @@ def test_a_real_allocation_during_the_trace_is_refused(monkeypatch):
     with pytest.raises(internals.RealAllocationError, match=r"made a real 16,777,217-byte"):
         original(torch.ops.aten.empty.memory_format, real)
     original(torch.ops.aten.empty.memory_format, real[:1024].clone())   # small: allowed
+
+
+def test_fits_is_the_allocator_replayed_at_the_usable_capacity():
+    base = TrainingSpec(model="mlp", model_args={"in_features": 64, "hidden": 256},
+                        sample_shape=(64,), batch_size=4, env_profile="h100-torch2.11-cu130")
+    unlimited = estimate(base).device
+    assert unlimited.runs_at_capacity is None and unlimited.fits is None
+    roomy = estimate(base.with_changes(gpu_memory_bytes=8 << 30, headroom_fraction=0.0)).device
+    assert roomy.runs_at_capacity is True and roomy.fits is True
+    # below what the driver and the context take, nothing runs
+    outside = roomy.context_bytes + (480 << 20)
+    cramped = estimate(base.with_changes(gpu_memory_bytes=outside + (1 << 20),
+                                    headroom_fraction=0.0)).device
+    assert cramped.runs_at_capacity is False and cramped.fits is False
