@@ -37,6 +37,7 @@ FAKE_TENSOR_FAILURES: tuple[type[BaseException], ...] = (
     UnsupportedOperatorException,
 )
 
+
 class OpInterceptor(TorchDispatchMode):
     """Hands every ATen op to ``handler(func, args, kwargs)``, which must call ``func`` itself
     (ops the handler makes are not intercepted again)."""

@@ -17,7 +17,6 @@ MIB = 1 << 20
 MIN_BLOCK_SIZE = 512                # kMinBlockSize
 ROUNDUP_INTERVALS = 16              # kRoundUpPowerOfTwoIntervals: 1 MiB ... 64 GiB
 _INTERVAL_START_LOG2 = 20           # the first interval starts at 1 MiB
-MODELLED = ("expandable_segments", "max_split_size_mb", "roundup_power2_divisions")
 
 
 class AllocatorSettings(BaseModel):

@@ -18,7 +18,7 @@ from memcalc.units import format_bytes
 @click.option("--json", "as_json", is_flag=True, help="Also print the profile as JSON.")
 @click.pass_context
 def calibrate(ctx, out, name, as_json) -> None:
-    """Run on the machine that trains (about half a minute on its GPU): measure the CUDA
+    """Run on the machine that trains (about two minutes on its GPU): measure the CUDA
     context and library floor, cuBLAS workspaces and cuDNN convolution workspaces, and write
     an environment profile for estimate/plan/check --env-profile."""
     from memcalc.calibration.run import calibrate as measure

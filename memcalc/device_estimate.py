@@ -46,15 +46,16 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
         settings = AllocatorSettings.from_conf(spec.allocator_conf)
         context = context_bytes(profile, spec.cuda_module_loading, uses_matmul=uses_matmul,
                                 uses_conv=bool(trace.op_names & CONV_OPS))
-        unlimited = replay(ledger.events, workspaces, settings)
-        outside = context + profile.driver_reserved_bytes
-        limited = (replay(ledger.events, workspaces, settings,
-                          limit_bytes=max(0, usable_bytes - outside))
-                   if usable_bytes is not None else None)
+        limited = None
+        if usable_bytes is not None:
+            outside = context + profile.driver_reserved_bytes
+            limited = replay(ledger.events, workspaces, settings,
+                             limit_bytes=max(0, usable_bytes - outside))
         # Where the limit is reached, the allocator frees its cache and retries: what the
-        # card then holds is the limited replay's peak.
-        reserved = limited if limited is not None and limited.fits else unlimited
+        # card then holds is the limited replay's peak. Without a limit, or when the step
+        # does not run in it, the peak it would reach with room enough.
         runs = limited.fits if limited is not None else None
+        reserved = limited if runs else replay(ledger.events, workspaces, settings)
         cuda_fields = dict(
             peak_reserved_bytes=reserved.peak_reserved_bytes,
             workspace_bytes=sum(workspaces), context_bytes=context,

@@ -28,6 +28,18 @@ def _channels_last(tensor: torch.Tensor) -> bool:
                 and tensor.is_contiguous(memory_format=memory_format))
 
 
+def conv_call(kind: ConvKind, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, stride,
+              padding, dilation, groups: int, transposed, *, tf32: bool,
+              benchmark: bool) -> ConvCall:
+    """The cuDNN call a convolution op makes, from its tensors (real or fake) and arguments;
+    ``y`` is the forward's output (the output gradient in backward)."""
+    return ConvCall(kind=kind, input_shape=tuple(x.shape), weight_shape=tuple(weight.shape),
+                    output_shape=tuple(y.shape), stride=tuple(stride), padding=tuple(padding),
+                    dilation=tuple(dilation), groups=groups, transposed=bool(transposed),
+                    dtype=str(x.dtype).removeprefix("torch."), channels_last=_channels_last(x),
+                    tf32=tf32, benchmark=benchmark)
+
+
 class ConvWorkspaces:
     """Op hook for ``StorageWatcher``: watches a convolution's outputs in cuDNN's order and
     adds each call's workspace as a transient, optional allocation."""
@@ -62,12 +74,8 @@ class ConvWorkspaces:
         return True
 
     def _workspace(self, kind, x, weight, y, stride, padding, dilation, groups, transposed):
-        call = ConvCall(kind=kind, input_shape=tuple(x.shape), weight_shape=tuple(weight.shape),
-                        output_shape=tuple(y.shape), stride=tuple(stride),
-                        padding=tuple(padding), dilation=tuple(dilation), groups=groups,
-                        transposed=bool(transposed), dtype=str(x.dtype).removeprefix("torch."),
-                        channels_last=_channels_last(x), tf32=self._tf32,
-                        benchmark=self._benchmark)
+        call = conv_call(kind, x, weight, y, stride, padding, dilation, groups, transposed,
+                         tf32=self._tf32, benchmark=self._benchmark)
         self.calls += 1
         if self._benchmark and call not in self._searched:
             self._searched.add(call)

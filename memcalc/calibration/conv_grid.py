@@ -16,7 +16,7 @@ import torch
 from memcalc.calibration.conv_recorder import ConvRecorder
 from memcalc.cudnn_workspace import MeasuredConv
 
-# (name, dims, in_channels, out_channels, kernel, stride, groups: "1" or "depthwise", transposed)
+# (name, kernel size, stride, groups: 1 plain or 0 depthwise, transposed)
 _KERNELS = [
     ("3x3", 3, 1, 1, False), ("3x3s2", 3, 2, 1, False), ("1x1", 1, 1, 1, False),
     ("1x1s2", 1, 2, 1, False), ("7x7s2", 7, 2, 1, False), ("dw7x7", 7, 1, 0, False),

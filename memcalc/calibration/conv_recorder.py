@@ -13,9 +13,10 @@ import torch
 
 from memcalc._torch_internals import OpInterceptor, conv_backend_name
 from memcalc.cudnn_workspace import ConvCall, ConvKind, MeasuredConv
+from memcalc.trace_workspaces import conv_call
 
 _ATEN = torch.ops.aten
-_TF32 = torch.backends.cudnn
+_CUDNN = torch.backends.cudnn
 
 
 def _cudnn_fwd(call):
@@ -97,13 +98,8 @@ class ConvRecorder:
 
     def _add(self, measured: dict, kind, x, w, y, stride, padding, dilation, groups, transposed,
              backend: str) -> None:
-        call = ConvCall(
-            kind=kind, input_shape=list(x.shape), weight_shape=list(w.shape),
-            output_shape=list(y.shape), stride=list(stride), padding=list(padding),
-            dilation=list(dilation), groups=groups, transposed=bool(transposed),
-            dtype=str(x.dtype).removeprefix("torch."),
-            channels_last=_channels_last(x), tf32=_TF32.allow_tf32,
-            benchmark=_TF32.benchmark)
+        call = conv_call(kind, x, w, y, stride, padding, dilation, groups, transposed,
+                         tf32=_CUDNN.allow_tf32, benchmark=_CUDNN.benchmark)
         first = call not in self._seen
         self._seen.add(call)
         self.records.append(MeasuredConv(call=call, backend=backend, iteration=self.iteration,
@@ -123,9 +119,3 @@ def _transients(before: dict, after: dict) -> dict:
         alloc_retries=after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0),
     )
 
-
-def _channels_last(tensor: torch.Tensor) -> bool:
-    memory_format = (torch.channels_last if tensor.dim() == 4
-                     else torch.channels_last_3d if tensor.dim() == 5 else None)
-    return bool(memory_format and not tensor.is_contiguous()
-                and tensor.is_contiguous(memory_format=memory_format))

@@ -3,7 +3,7 @@
 Each measurement runs in a fresh Python process, because what one leaves behind changes the
 next: loaded libraries (the floor, measured in both orders), and cuDNN's plan cache, which
 does not tell ``cudnn.benchmark`` runs from others (the grid is measured once without and
-once with it). About half a minute on one GPU.
+once with it). About two minutes on one H100.
 
     python -m memcalc.calibration.run JOB OUT      (one job, in a child process)
 """
