@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
-from memcalc.measure_cpu import measure_spec_cpu_peak
+from tests.fixtures.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
+from tests.fixtures.cpu_truth import measure_spec_cpu_peak
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.units import format_bytes

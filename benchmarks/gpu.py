@@ -20,59 +20,17 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks import gpu_data
-from benchmarks.gpu_cases import GpuCase
-from benchmarks.gpu_profile import fitted_case
+from tests.fixtures import gpu_data
+from tests.fixtures.gpu_compare import FIGURES, case_errors, is_conv_net, measured_figures, replay_error
+from tests.fixtures.gpu_profile import fitted_case
 from benchmarks.results import publish
-from memcalc.cuda_allocator import CachingAllocatorModel
-from memcalc.gpu_speed import compute_seconds
-from memcalc.gpus import find_gpu
-from memcalc.pipeline import estimate, training_step_flops
+from memcalc.device.speed import compute_seconds
+from memcalc.device.gpus import find_gpu
+from memcalc.pipeline import training_step_flops
 
 RESULTS = Path(__file__).with_name("results-gpu.md")
-FIGURES = ("allocated", "reserved", "nvidia-smi")
 MIB = 2**20
 MFU = 0.4   # memcalc's default --mfu
-
-
-def measured_figures(row: dict) -> dict[str, int]:
-    outside = row["nvml_process_after_bytes"] - row["reserved_after_bytes"]
-    return {"allocated": row["max_allocated_bytes"], "reserved": row["max_reserved_bytes"],
-            "nvidia-smi": outside + row["max_reserved_bytes"]}
-
-
-def predicted_figures(case: GpuCase, profile: str = gpu_data.PROFILE) -> dict[str, int]:
-    device = estimate(gpu_data.spec_of(case, env_profile=profile)).device
-    return {"allocated": device.peak_allocated_bytes, "reserved": device.peak_reserved_bytes,
-            "nvidia-smi": device.total_bytes}
-
-
-def case_errors(case: GpuCase, row: dict, profile: str = gpu_data.PROFILE) -> dict[str, float]:
-    """Signed error in percent of the measured figure, per figure."""
-    measured, predicted = measured_figures(row), predicted_figures(case, profile)
-    return {figure: 100 * (predicted[figure] - measured[figure]) / measured[figure]
-            for figure in FIGURES}
-
-
-def is_conv_net(case: GpuCase) -> bool:
-    return case.model not in ("vit_b16", "gpt2")
-
-
-def replay_error(history: list[list]) -> float:
-    """The allocator model run over a real allocation history: its reserved peak against
-    the one the history's own segment events give, in percent."""
-    model, blocks, reserved, peak = CachingAllocatorModel(), {}, 0, 0
-    for action, size, address in history:
-        if action == "segment_alloc":
-            reserved += size
-            peak = max(peak, reserved)
-        elif action == "segment_free":
-            reserved -= size
-        elif action == "alloc":
-            blocks[address] = model.malloc(size)
-        elif action == "free_completed" and address in blocks:
-            model.free(blocks.pop(address))
-    return 100 * (model.peak_reserved_bytes - peak) / peak
 
 
 def step_time_rows() -> list[tuple[str, float, float]]:
@@ -164,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     start = time.perf_counter()
     lines = report_lines()
     lines += ["", f"memcalc on this machine's CPU: {time.perf_counter() - start:.0f} s. Cases: "
-              "benchmarks/gpu_cases.py; measured data: benchmarks/gpu_data/."]
+              "tests/fixtures/gpu_cases.py; measured data: benchmarks/gpu_data/."]
     publish(RESULTS, "Real GPU training steps vs memcalc", lines)
 
 

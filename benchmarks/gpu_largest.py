@@ -13,8 +13,8 @@ from __future__ import annotations
 import gc
 import time
 
-from benchmarks.gpu_cases import EMULATED_CARDS, LARGEST_BATCH_CASES, GpuCase
-from benchmarks.gpu_data import spec_of
+from tests.fixtures.gpu_cases import EMULATED_CARDS, LARGEST_BATCH_CASES, GpuCase
+from tests.fixtures.gpu_data import spec_of
 
 MAX_PROBES = 10
 
@@ -66,7 +66,7 @@ def true_largest(rows: list[dict]) -> list[dict]:
     """On the GPU: the real largest batch for each predicted row (rows of one model case)."""
     import torch
 
-    from benchmarks.gpu_step import CudaStep, _fresh_allocator
+    from tests.fixtures.gpu_step import CudaStep, _fresh_allocator
     from memcalc.calibration import nvml
 
     def runs(case: GpuCase) -> tuple[bool, str]:

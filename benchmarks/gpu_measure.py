@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.gpu_cases import GpuCase, case_from_dict, step_cases
+from tests.fixtures.gpu_cases import GpuCase, case_from_dict, step_cases
 
 CHILD_TIMEOUT_S = 300
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.host_datasets import HOST_CASES
-from benchmarks.host_truth import truth_peak_bytes
+from tests.fixtures.host_datasets import HOST_CASES
+from tests.fixtures.host_truth import truth_peak_bytes
 from benchmarks.results import publish
 from memcalc.host.measure import measure_worker, measured_host_estimate
-from memcalc.host.plan import host_estimate
+from memcalc.host.workers import host_estimate
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 
 RESULTS = Path(__file__).with_name("results-host.md")
@@ -29,7 +29,7 @@ def glibc_rows() -> list[str]:
     """A worker building 16 MiB samples (inside glibc's dynamic mmap threshold), as found and
     as fixed by ``MALLOC_MMAP_THRESHOLD_``."""
     spec = HostSpec(batch_size=4, cuda=False, machine=MachineSpec(cpus=32, ram_bytes=16 << 30),
-                    loader=LoaderSpec(dataset="benchmarks.host_datasets:small_volumes",
+                    loader=LoaderSpec(dataset="tests.fixtures.host_datasets:small_volumes",
                                       probe_seconds=20))
     report = measured_host_estimate(spec)
     rows = ["| 16 MiB samples, batch 4 | worker peak | per worker | max workers (32 CPUs, 16 GiB) |",
@@ -49,7 +49,7 @@ def main() -> None:
              "|---|---:|---:|---:|---:|---:|---:|"]
     probe_seconds = {}
     for name, case in HOST_CASES.items():
-        reference = f"benchmarks.host_datasets:{name}"
+        reference = f"tests.fixtures.host_datasets:{name}"
         start = time.perf_counter()
         measurement = measure_worker(LoaderSpec(dataset=reference, probe_seconds=30),
                                      case.batch_size)
@@ -71,7 +71,7 @@ def main() -> None:
     lines += ["", *glibc_rows()]
     lines += ["", f"Linux {platform.release()}, Python {platform.python_version()}, torch "
               f"{torch.__version__}, glibc {platform.libc_ver()[1]}; 2 CPUs. Truth: "
-              "benchmarks/host_truth.py (peak of private PSS of main + workers plus /dev/shm)."]
+              "tests/fixtures/host_truth.py (peak of private PSS of main + workers plus /dev/shm)."]
     publish(RESULTS, "Host RAM: memcalc vs real DataLoaders", lines)
 
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torchinfo
 
-from memcalc.measure_cpu import spec_training_step
-from memcalc.model_source import resolve_model
-from memcalc.precision import precision_policy
+from tests.fixtures.cpu_truth import spec_training_step
+from memcalc.model.source import resolve_model
+from memcalc.trace.precision import precision_policy
 from memcalc.specs import INPUT_DTYPES, TrainingSpec
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
+from tests.fixtures.cases import CPU_CONV_CASES, CPU_TRUTH_CASES
 from benchmarks.core import cli_rows, markdown_table
 from benchmarks.peer_tools import (
     accelerate_rule,
@@ -23,9 +23,9 @@ from benchmarks.peer_tools import (
     mem_tracker_peak,
     torchinfo_total,
 )
-from benchmarks.published_cases import PUBLISHED_CASES
+from tests.fixtures.published_cases import PUBLISHED_CASES
 from benchmarks.results import publish
-from memcalc.measure_cpu import measure_spec_cpu_peak
+from tests.fixtures.cpu_truth import measure_spec_cpu_peak
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.units import format_bytes

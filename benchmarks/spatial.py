@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 
 from benchmarks.results import publish
-from tests.gloo import run_ranks
-from tests.spatial_reference import spatial_rank, traced_bytes, unsharded_peak_bytes
+from tests.fixtures.gloo import run_ranks
+from tests.fixtures.spatial_reference import spatial_rank, traced_bytes, unsharded_peak_bytes
 
 RESULTS = Path(__file__).with_name("results-spatial.md")
 CASES = [((2, 2, 64, 48, 48), 2), ((2, 2, 64, 48, 48), 4),
@@ -43,7 +43,7 @@ def main() -> None:
         f"{platform.python_version()}, torch {torch.__version__}; CPU, gloo, profiler memory "
         "timeline. Regenerate with `python -m benchmarks.spatial`.",
         "",
-        "`tests/spatial_reference.py:halo_net` (no normalisation, so the ranks must reproduce "
+        "`tests/fixtures/spatial_reference.py:halo_net` (no normalisation, so the ranks must reproduce "
         "the unsharded model): each rank holds 1/ranks of every volume's depth and receives "
         "its halos by point-to-point messages. \"max |diff|\" is the largest difference of the "
         "ranks' outputs and all-reduced gradients from the unsharded model's. Both errors "

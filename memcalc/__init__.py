@@ -16,7 +16,7 @@ from typing import Any
 _EXPORTS = {
     "estimate": "memcalc.api", "plan": "memcalc.api", "check": "memcalc.api",
     "estimate_spec": "memcalc.pipeline", "StrategyPlan": "memcalc.strategies",
-    "TrainingSpec": "memcalc.specs", "Report": "memcalc.report",
+    "TrainingSpec": "memcalc.specs", "Report": "memcalc.report.models",
     "MemcalcError": "memcalc.errors", "InputError": "memcalc.errors",
     "LayoutError": "memcalc.errors", "ModelSourceError": "memcalc.errors",
     "TraceError": "memcalc.errors", "MemoryBudgetError": "memcalc.errors",

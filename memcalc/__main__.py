@@ -1,3 +1,3 @@
-from memcalc.cli import main
+from memcalc.cli.commands import main
 
 main()

@@ -15,9 +15,9 @@ from torch import nn
 
 from memcalc.errors import InputError, MemoryBudgetError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
-from memcalc.model_source import register_model_object
+from memcalc.model.source import register_model_object
 from memcalc.pipeline import estimate as estimate_spec
-from memcalc.report import Report
+from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, StrategyPlan, plan_strategies
 from memcalc.units import format_bytes

@@ -6,8 +6,8 @@ from __future__ import annotations
 import multiprocessing
 
 from memcalc.errors import InputError, TraceError
-from memcalc.model_source import OBJECT_PREFIX
-from memcalc.report import Report
+from memcalc.model.source import OBJECT_PREFIX
+from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
 
 DEFAULT_TIMEOUT_S = 600.0

@@ -6,34 +6,34 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from memcalc.assumptions import assumptions
-from memcalc.assumptions import unsupported as unsupported_cuda_effects
-from memcalc.checkpointing import repeated_blocks
-from memcalc.allocator_settings import AllocatorSettings
-from memcalc.device_estimate import static_device_report, traced_device_report
-from memcalc.env_profile import EnvProfile, resolve_profile
+from memcalc.report.assumptions import assumptions
+from memcalc.report.assumptions import unsupported as unsupported_cuda_effects
+from memcalc.trace.checkpointing import repeated_blocks
+from memcalc.device.allocator_settings import AllocatorSettings
+from memcalc.device.estimate import static_device_report, traced_device_report
+from memcalc.device.env_profile import EnvProfile, resolve_profile
 from memcalc.errors import InputError, TraceError
-from memcalc.flops import StepFlops, step_flops
-from memcalc.gpus import GpuSpec, find_gpu
+from memcalc.trace.flops import StepFlops, step_flops
+from memcalc.device.gpus import GpuSpec, find_gpu
 from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
-from memcalc.host_and_feed import host_and_throughput
-from memcalc.layout import CONV_TYPES, LayoutDecision, resolve_layout
-from memcalc.model_source import display_name, resolve_model
-from memcalc.optimizers import optimizer_rule
-from memcalc.planner import PlanPoint, plan_batch
-from memcalc.precision import precision_policy
-from memcalc.report import (
+from memcalc.feed.sizing import host_and_throughput
+from memcalc.model.layout import CONV_TYPES, LayoutDecision, resolve_layout
+from memcalc.model.source import display_name, resolve_model
+from memcalc.trace.optimizers import optimizer_rule
+from memcalc.device.batch_search import PlanPoint, plan_batch
+from memcalc.trace.precision import precision_policy
+from memcalc.report.models import (
     DeviceReport,
     InputSummary,
     ModelSummary,
     Report,
     StaticEstimate,
 )
-from memcalc.spatial import not_splittable_reason, slab_shape, split_axis
+from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.specs import INPUT_DTYPES, DeviceKind, OptimizerImpl, TrainingSpec
-from memcalc.static import layer_table, static_estimate
-from memcalc.tracing import StepSetup, trace_training_step
+from memcalc.device.static import layer_table, static_estimate
+from memcalc.trace.tracer import StepSetup, trace_training_step
 from memcalc.units import format_bytes
 
 

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from memcalc.cuda_overheads import ModuleLoading
-from memcalc.feeding import FeedSpec
+from memcalc.device.cuda_overheads import ModuleLoading
+from memcalc.feed.model import FeedSpec
 from memcalc.host.specs import LoaderSpec, MachineSpec
-from memcalc.optimizers import optimizer_names
+from memcalc.trace.optimizers import optimizer_names
 
 INPUT_DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -91,12 +91,12 @@ class TrainingSpec(BaseModel):
     optimizer: str = "adam"
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
     activation_checkpointing: bool = False
-    """Checkpoint the model's repeated blocks (``memcalc.checkpointing``) in the traced step."""
+    """Checkpoint the model's repeated blocks (``memcalc.trace.checkpointing``) in the traced step."""
     offload_activations: bool = False
     """Saved activations kept in host memory (``torch.autograd.graph.save_on_cpu``)."""
     spatial_parts: int = Field(default=1, ge=1)
     """Spatial parallelism: every sample split along its longest spatial axis over this many
-    GPUs (``memcalc.spatial``); the estimate is one GPU's, running its slab."""
+    GPUs (``memcalc.trace.halos``); the estimate is one GPU's, running its slab."""
     zero_grad_to_none: bool = True
     """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
     precision: Precision = Precision.FP32
@@ -118,7 +118,7 @@ class TrainingSpec(BaseModel):
     """Environment profile file (``memcalc calibrate``); None: ``$MEMCALC_ENV_PROFILE``,
     the default location, else the built-in profile for the card."""
     feed: FeedSpec = Field(default_factory=FeedSpec)
-    """Step and sample times for the feeding model (``memcalc.feeding``)."""
+    """Step and sample times for the feeding model (``memcalc.feed.model``)."""
     loader: LoaderSpec = Field(default_factory=LoaderSpec)
     """The DataLoader and Dataset, for the host-RAM estimate."""
     machine: MachineSpec | None = None

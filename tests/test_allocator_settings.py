@@ -2,7 +2,7 @@
 
 import pytest
 
-from memcalc.allocator_settings import ROUNDUP_INTERVALS, AllocatorSettings
+from memcalc.device.allocator_settings import ROUNDUP_INTERVALS, AllocatorSettings
 from memcalc.errors import InputError
 
 MiB = 1 << 20

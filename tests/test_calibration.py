@@ -5,8 +5,8 @@ import torch
 
 from memcalc.calibration.conv_grid import grid_layers
 from memcalc.calibration.profile_builder import build_profile, floor_from_stages, workspace_model
-from memcalc.cudnn_workspace import ConvCall, ConvKind, MeasuredConv
-from memcalc.env_profile import builtin_profile
+from memcalc.trace.cudnn_workspace import ConvCall, ConvKind, MeasuredConv
+from memcalc.device.env_profile import builtin_profile
 from memcalc.errors import CalibrationError
 
 
@@ -75,8 +75,8 @@ def test_calibrate_without_a_gpu_says_where_to_run_it(monkeypatch):
 def test_on_a_gpu_calibrate_round_trips_into_an_estimate(tmp_path):
     from click.testing import CliRunner
 
-    from memcalc.cli import main
-    from memcalc.env_profile import load_profile
+    from memcalc.cli.commands import main
+    from memcalc.device.env_profile import load_profile
 
     out = tmp_path / "profile.json"
     assert CliRunner().invoke(main, ["calibrate", "--out", str(out)]).exit_code == 0

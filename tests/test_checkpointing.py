@@ -4,9 +4,9 @@ effect is in test_pipeline's CPU_TRUTH_CASES: gpt2-checkpointed, llama-checkpoin
 import pytest
 import torch
 
-from benchmarks.cases import TINY_GPT2
-from memcalc.checkpointing import apply_checkpointing, repeated_blocks
-from memcalc.model_source import resolve_model
+from tests.fixtures.cases import TINY_GPT2
+from memcalc.trace.checkpointing import apply_checkpointing, repeated_blocks
+from memcalc.model.source import resolve_model
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 

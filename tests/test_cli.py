@@ -8,7 +8,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from memcalc.cli import main
+from memcalc.cli.commands import main
 from models_zoo import ZOO
 
 TINY_MLP = ["--model", "mlp", "--model-arg", "in_features=64", "--model-arg", "hidden=128",
@@ -24,11 +24,11 @@ BAD_INVOCATIONS = {
     "unknown model": (["--model", "resnet3", "--shape", "3,8,8,8"],
                       r"unknown model 'resnet3' \(did you mean 'resnet3d'\?\); zoo models: resnet3d, unet3d"),
     "callable returning a non-module": (
-        ["--model", "tests.models_for_tests:not_a_module", "--shape", "8"],
+        ["--model", "tests.fixtures.models:not_a_module", "--shape", "8"],
         r"returned int, not a torch.nn.Module"),
     "unimportable module": (["--model", "no_such_pkg.models:build", "--shape", "8"],
                             r"cannot import 'no_such_pkg.models'"),
-    "missing attribute": (["--model", "tests.models_for_tests:nope", "--shape", "8"],
+    "missing attribute": (["--model", "tests.fixtures.models:nope", "--shape", "8"],
                           r"has no attribute 'nope'"),
     "unknown optimizer": (["--model", "mlp", "--optimizer", "lamb"],
                           r"Invalid value for '--optimizer': 'lamb' is not one of"),
@@ -116,7 +116,7 @@ HOST_BAD_INVOCATIONS = {
     "zero CPUs": (["--shape", "8", "--cpus", "0"], r"'--cpus': 0 is not in the range x>=1"),
     "unimportable dataset": (["--dataset", "no_such_pkg.data:build"],
                              r"cannot import 'no_such_pkg.data' for dataset"),
-    "dataset that raises": (["--dataset", "benchmarks.host_datasets:broken"],
+    "dataset that raises": (["--dataset", "tests.fixtures.host_datasets:broken"],
                             r"KeyError: 'no file for item \d+'"),
 }
 
@@ -228,7 +228,7 @@ def test_host_reports_the_seed_arithmetic_as_json():
 
 def test_estimate_with_a_dataset_reads_the_shape_from_its_first_item():
     args = ["estimate", "--model", "mlp", "--model-arg", "in_features=64", "--device", "cpu",
-            "--dataset", "benchmarks.host_datasets:python_objects", "--probe-seconds", "5", "--json"]
+            "--dataset", "tests.fixtures.host_datasets:python_objects", "--probe-seconds", "5", "--json"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
@@ -269,7 +269,7 @@ def test_a_forced_strategy_that_does_not_apply_exits_1_with_the_reason():
 
 
 def test_feed_compares_measured_and_predicted_utilization():
-    args = ["feed", "--dataset", "benchmarks.host_datasets:spin_samples", "--step-time", "0.02",
+    args = ["feed", "--dataset", "tests.fixtures.host_datasets:spin_samples", "--step-time", "0.02",
             "--batch-size", "2", "--workers", "0,1", "--batches", "6", "--cpus", "2", "--json"]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
@@ -314,7 +314,7 @@ def test_calibrate_without_a_gpu_is_one_line_and_exit_1():
 
 def test_calibrate_writes_the_profile_estimates_then_use(monkeypatch, tmp_path):
     from memcalc.calibration import run
-    from memcalc.env_profile import builtin_profile
+    from memcalc.device.env_profile import builtin_profile
 
     measured = builtin_profile("h100-torch2.11-cu130.json").model_copy(update={"name": "mine"})
     monkeypatch.setattr(run, "calibrate", lambda name, progress: measured)

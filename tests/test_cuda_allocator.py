@@ -2,13 +2,13 @@
 
 import pytest
 
-from memcalc.cuda_allocator import (
+from memcalc.device.allocator import (
     CachingAllocatorModel,
     replay,
     round_size,
     segment_size,
 )
-from memcalc.ledger import MemoryEvent
+from memcalc.trace.ledger import MemoryEvent
 
 KiB, MiB = 1024, 1024 * 1024
 
@@ -91,9 +91,9 @@ def test_replay_of_ledger_events():
 
 # --- capacity, settings and markers -------------------------------------------------------
 
-from memcalc.allocator_settings import AllocatorSettings  # noqa: E402
-from memcalc.cuda_allocator import OutOfMemory  # noqa: E402
-from memcalc.ledger import EMPTY_CACHE_RECORD  # noqa: E402
+from memcalc.device.allocator_settings import AllocatorSettings  # noqa: E402
+from memcalc.device.allocator import OutOfMemory  # noqa: E402
+from memcalc.trace.ledger import EMPTY_CACHE_RECORD  # noqa: E402
 
 
 def _events(*pairs, optional=()):

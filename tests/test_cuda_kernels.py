@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memcalc.cuda_kernels import CudaKernelMode, cuda_substitute, substituted_functions
+from memcalc.trace.cuda_kernels import CudaKernelMode, cuda_substitute, substituted_functions
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 
@@ -10,7 +10,7 @@ BATCH, SEQ, HEADS = 2, 256, 4
 
 
 def test_sdpa_with_dropout_keeps_no_attention_matrix_on_cuda():
-    spec = TrainingSpec(model="tests.models_for_tests:attention_with_dropout",
+    spec = TrainingSpec(model="tests.fixtures.models:attention_with_dropout",
                         sample_shape=(SEQ, 64), loss="sum", optimizer="sgd", batch_size=BATCH)
     on_cpu = estimate(spec.with_changes(device="cpu")).device
     on_cuda = estimate(spec).device

@@ -2,7 +2,7 @@
 
 import pytest
 
-from memcalc.cudnn_workspace import (
+from memcalc.trace.cudnn_workspace import (
     ConvCall,
     ConvKind,
     ShapeClass,

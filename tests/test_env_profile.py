@@ -2,7 +2,7 @@
 
 import pytest
 
-from memcalc.env_profile import (
+from memcalc.device.env_profile import (
     PROFILE_VARIABLE,
     LibraryFloor,
     builtin_names,
@@ -13,7 +13,7 @@ from memcalc.env_profile import (
     save_profile,
 )
 from memcalc.errors import InputError
-from memcalc.gpus import find_gpu
+from memcalc.device.gpus import find_gpu
 
 H100 = "h100-torch2.11-cu130"
 

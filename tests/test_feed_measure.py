@@ -3,11 +3,11 @@ machine: predicted GPU utilisation within 10 percentage points of measured."""
 
 import pytest
 
-from benchmarks.host_datasets import SPIN_SECONDS
-from memcalc.feed_measure import feed_check
+from tests.fixtures.host_datasets import SPIN_SECONDS
+from memcalc.feed.check import feed_check
 from memcalc.host import LoaderSpec, measure_worker
 
-DATASET = "benchmarks.host_datasets:spin_samples"
+DATASET = "tests.fixtures.host_datasets:spin_samples"
 STEP_S = 0.015
 BATCH = 4
 

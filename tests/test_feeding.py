@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from memcalc.feeding import feeding_report, utilization
-from memcalc.gpus import find_gpu
+from memcalc.feed.model import feeding_report, utilization
+from memcalc.device.gpus import find_gpu
 from memcalc.pipeline import estimate, training_step_flops
 from memcalc.specs import TrainingSpec
 

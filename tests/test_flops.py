@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from memcalc.model_source import resolve_model
+from memcalc.model.source import resolve_model
 from memcalc.pipeline import _prepare, training_flops
 from memcalc.specs import TrainingSpec
 
@@ -23,7 +23,7 @@ def test_mlp_flops_are_three_forwards_minus_the_first_input_gradient():
 
 
 def test_conv_flops_follow_output_voxels_times_kernel():
-    spec = TrainingSpec(model="tests.models_for_tests:single_conv3d", sample_shape=(2, 8, 8, 8),
+    spec = TrainingSpec(model="tests.fixtures.models:single_conv3d", sample_shape=(2, 8, 8, 8),
                         device="cpu", loss="sum")
     out_voxels = 8 * 8 * 8                      # 3x3x3, padding 1, stride 1
     forward = 2 * 2 * 4 * 27 * out_voxels       # 2 in, 4 out channels

@@ -10,10 +10,10 @@ import statistics
 import pytest
 import torch
 
-from benchmarks import gpu_data
-from benchmarks.gpu import FIGURES, case_errors, is_conv_net, replay_error
-from benchmarks.gpu_profile import fitted_case, h100_profile
-from memcalc.env_profile import builtin_profile
+from tests.fixtures import gpu_data
+from tests.fixtures.gpu_compare import FIGURES, case_errors, is_conv_net, replay_error
+from tests.fixtures.gpu_profile import fitted_case, h100_profile
+from memcalc.device.env_profile import builtin_profile
 
 HELD_OUT = [(case, row) for case, row in gpu_data.measured_cases()
             if is_conv_net(case) and not fitted_case(case.name)]
@@ -62,7 +62,7 @@ def test_the_built_in_profile_is_the_fit_of_the_first_sizes_only():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_a_measured_step_agrees_with_the_prediction():
-    from benchmarks.gpu_step import measure_step
+    from tests.fixtures.gpu_step import measure_step
 
     case = HELD_OUT[0][0]
     errors = case_errors(case, measure_step(case), profile=gpu_data.PROFILE)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from memcalc.gpu_speed import compute_seconds, peak_flops
-from memcalc.gpus import find_gpu
+from memcalc.device.speed import compute_seconds, peak_flops
+from memcalc.device.gpus import find_gpu
 from memcalc.specs import Precision
 
 A100 = find_gpu("A100-80GB")

@@ -1,7 +1,7 @@
 import pytest
 
 from memcalc.errors import InputError
-from memcalc.gpus import find_gpu, gpu_catalog
+from memcalc.device.gpus import find_gpu, gpu_catalog
 
 REQUIRED = ["T4", "V100-16GB", "V100-32GB", "RTX-3090", "RTX-4090", "RTX-A6000", "L4", "L40S",
             "A100-40GB", "A100-80GB", "H100-80GB", "H200"]

@@ -1,24 +1,24 @@
-"""Host RAM against a real DataLoader measured by PSS (``benchmarks/host_truth.py``):
+"""Host RAM against a real DataLoader measured by PSS (``tests/fixtures/host_truth.py``):
 the shape arithmetic within ±25 %, the measured worker within ±15 %."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.host_datasets import (
+from tests.fixtures.host_datasets import (
     HOST_CASES,
     SMALL_SHAPE,
     VOLUME_SHAPE,
     python_objects_bytes,
 )
-from benchmarks.host_truth import truth_peak_bytes
+from tests.fixtures.host_truth import truth_peak_bytes
 from memcalc.errors import InputError
 from memcalc.host.measure import (
     MeasurementError,
     measure_worker,
     measured_host_estimate,
 )
-from memcalc.host.plan import host_estimate
+from memcalc.host.workers import host_estimate
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 
 MACHINE = MachineSpec(cpus=2, ram_bytes=24 << 30)
@@ -34,7 +34,7 @@ def spec_for(name: str, workers: int, **loader) -> HostSpec:
 @pytest.fixture(scope="module")
 def measurements():
     """One real worker measured per dataset (shared by the worker counts)."""
-    return {name: measure_worker(LoaderSpec(dataset=f"benchmarks.host_datasets:{name}",
+    return {name: measure_worker(LoaderSpec(dataset=f"tests.fixtures.host_datasets:{name}",
                                             probe_seconds=30), HOST_CASES[name].batch_size)
             for name in HOST_CASES}
 
@@ -44,7 +44,7 @@ def measurements():
 def test_prediction_matches_a_real_dataloader(dataset, workers, measurements):
     truth = truth_peak_bytes(dataset, workers)
     shape_based = host_estimate(spec_for(dataset, workers)).peak_bytes
-    reference = f"benchmarks.host_datasets:{dataset}"
+    reference = f"tests.fixtures.host_datasets:{dataset}"
     measured = host_estimate(spec_for(dataset, workers, dataset=reference),
                              measurements[dataset]).peak_bytes
     assert abs(shape_based / truth - 1) <= 0.25, (shape_based, truth)
@@ -64,14 +64,14 @@ def test_copy_on_read_of_python_objects_is_measured_as_worker_growth(measurement
     copied = objects.worker_peak_bytes - objects.worker_first_bytes
     assert 0.5 * python_objects_bytes() < copied < 1.5 * objects.dataset_bytes
     report = measured_host_estimate(
-        spec_for("python_objects", 2, dataset="benchmarks.host_datasets:python_objects"), objects)
+        spec_for("python_objects", 2, dataset="tests.fixtures.host_datasets:python_objects"), objects)
     assert report.fix is None     # 256-byte samples never reach glibc's mmap threshold
     assert any("copies the dataset object" in warning for warning in report.warnings)
 
 
 def test_glibc_heap_growth_is_found_and_the_fix_is_measured():
     spec = HostSpec(batch_size=4, cuda=False, machine=MachineSpec(cpus=16, ram_bytes=64 << 30),
-                    loader=LoaderSpec(dataset="benchmarks.host_datasets:small_volumes",
+                    loader=LoaderSpec(dataset="tests.fixtures.host_datasets:small_volumes",
                                       probe_seconds=10))
     report = measured_host_estimate(spec)
     assert report.measurement.sample_shape == SMALL_SHAPE
@@ -85,6 +85,6 @@ def test_glibc_heap_growth_is_found_and_the_fix_is_measured():
 
 def test_a_failing_dataset_is_one_line_naming_the_error():
     with pytest.raises(MeasurementError, match=r"KeyError: 'no file for item \d+'.*host_datasets"):
-        measure_worker(LoaderSpec(dataset="benchmarks.host_datasets:broken"), 2)
+        measure_worker(LoaderSpec(dataset="tests.fixtures.host_datasets:broken"), 2)
     with pytest.raises(InputError, match=r"cannot import 'no_such_module'"):
         measure_worker(LoaderSpec(dataset="no_such_module:data"), 2)

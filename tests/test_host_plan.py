@@ -12,7 +12,7 @@ from memcalc.host.arithmetic import (
     TORCH_PROCESS_BYTES,
     pinned_block_bytes,
 )
-from memcalc.host.plan import host_estimate
+from memcalc.host.workers import host_estimate
 from memcalc.host.report import WorkerMeasurement
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 

@@ -19,13 +19,13 @@ def test_isolated_estimate_equals_the_in_process_one():
 
 def test_a_crashing_model_does_not_take_the_caller_down():
     with pytest.raises(TraceError, match=r"crashed \(exit code -11\)"):
-        memcalc.estimate("tests.models_for_tests:crashing", (8,), batch_size=2, isolate=True,
+        memcalc.estimate("tests.fixtures.models:crashing", (8,), batch_size=2, isolate=True,
                          timeout_s=120, machine=MACHINE)
 
 
 def test_a_hanging_model_is_stopped_at_the_timeout():
     with pytest.raises(TraceError, match=r"did not finish in 8 s"):
-        memcalc.estimate("tests.models_for_tests:hanging", (8,), batch_size=2, isolate=True,
+        memcalc.estimate("tests.fixtures.models:hanging", (8,), batch_size=2, isolate=True,
                          timeout_s=8, machine=MACHINE)
 
 

@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from memcalc.errors import LayoutError
-from memcalc.layout import resolve_layout
+from memcalc.model.layout import resolve_layout
 from memcalc.specs import Layout
 
 

@@ -1,5 +1,5 @@
-from memcalc.categories import MemoryCategory as C
-from memcalc.ledger import MemoryLedger, Phase
+from memcalc.trace.categories import MemoryCategory as C
+from memcalc.trace.ledger import MemoryLedger, Phase
 
 
 def test_peak_and_breakdown_are_replayed_from_events():

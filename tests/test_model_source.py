@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from memcalc.errors import ModelSourceError
-from memcalc.model_source import resolve_model
+from memcalc.model.source import resolve_model
 
 
 def test_zoo_model_carries_its_defaults():
@@ -11,14 +11,14 @@ def test_zoo_model_carries_its_defaults():
 
 
 def test_user_callable_is_built_on_meta():
-    model = resolve_model("tests.models_for_tests:tiny_mlp").build_meta()
+    model = resolve_model("tests.fixtures.models:tiny_mlp").build_meta()
     assert {p.device for p in model.parameters()} == {torch.device("meta")}
 
 
 @pytest.mark.parametrize("reference,message", [
     ("gtp2", r"unknown model 'gtp2' \(did you mean 'gpt2'\?\)"),
-    ("tests.models_for_tests:", r"must look like package.module:callable"),
-    ("tests.models_for_tests:not_a_module", r"returned int, not a torch.nn.Module"),
+    ("tests.fixtures.models:", r"must look like package.module:callable"),
+    ("tests.fixtures.models:not_a_module", r"returned int, not a torch.nn.Module"),
 ])
 def test_bad_references(reference, message):
     with pytest.raises(ModelSourceError, match=message):

@@ -1,12 +1,12 @@
 """Activation offloading (save_on_cpu) in the trace: what leaves the device, what comes back."""
 
-from benchmarks.cases import TINY_GPT2
+from tests.fixtures.cases import TINY_GPT2
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 
 
 def test_offloaded_bytes_are_the_tensors_autograd_saves():
-    spec = TrainingSpec(model="tests.models_for_tests:single_linear", sample_shape=(16,),
+    spec = TrainingSpec(model="tests.fixtures.models:single_linear", sample_shape=(16,),
                         batch_size=4, loss="mse", device="cpu", offload_activations=True)
     device = estimate(spec).device
     # addmm saves its input (the weight is not needed: the input needs no gradient);

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from memcalc.optimizers import optimizer_names, optimizer_rule, register_optimizer
+from memcalc.trace.optimizers import optimizer_names, optimizer_rule, register_optimizer
 
 
 @pytest.mark.parametrize("name", optimizer_names())

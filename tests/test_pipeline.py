@@ -5,8 +5,8 @@ import re
 import pytest
 import torch
 
-from benchmarks.cases import CPU_TRUTH_CASES, TINY_GPT2, TINY_MLP
-from memcalc.measure_cpu import measure_spec_cpu_peak
+from tests.fixtures.cases import CPU_TRUTH_CASES, TINY_GPT2, TINY_MLP
+from tests.fixtures.cpu_truth import measure_spec_cpu_peak
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 
@@ -53,7 +53,7 @@ def test_peak_is_affine_in_batch_size_once_activations_dominate():
 
 
 def test_frozen_parameters_get_no_gradients_or_state():
-    report = estimate(TrainingSpec(model="tests.models_for_tests:frozen_backbone",
+    report = estimate(TrainingSpec(model="tests.fixtures.models:frozen_backbone",
                                    sample_shape=(64,), batch_size=2, device="cpu"))
     trainable = 64 * 4 + 4
     assert report.model.trainable_parameter_count == trainable
@@ -62,7 +62,7 @@ def test_frozen_parameters_get_no_gradients_or_state():
 
 
 def test_untraceable_model_falls_back_to_a_labelled_static_estimate():
-    report = estimate(TrainingSpec(model="tests.models_for_tests:item_gate", sample_shape=(8,),
+    report = estimate(TrainingSpec(model="tests.fixtures.models:item_gate", sample_shape=(8,),
                                    batch_size=3, device="cpu"))
     assert report.device.method == "static"
     assert any("STATIC estimate" in line and "real tensor values" in line
@@ -107,7 +107,7 @@ def test_host_estimate_uses_the_planned_batch_and_the_input_dtype():
     ("cuda_only", r"not linked with support for cuda"),
 ])
 def test_untraceable_kinds_fall_back_with_their_reason(kind, reason):
-    report = estimate(TrainingSpec(model="tests.models_for_tests:untraceable",
+    report = estimate(TrainingSpec(model="tests.fixtures.models:untraceable",
                                    model_args={"kind": kind}, sample_shape=(8,), batch_size=2,
                                    machine={"cpus": 2, "ram_bytes": 4 << 30}))
     assert report.device.method == "static"
@@ -120,7 +120,7 @@ def test_untraceable_kinds_fall_back_with_their_reason(kind, reason):
 
 
 def test_a_real_allocation_during_the_trace_is_refused(monkeypatch):
-    import memcalc._torch_internals as internals
+    import memcalc.trace._torch_internals as internals
 
     observed = []
     original = internals._refuse_real_allocation

@@ -1,6 +1,6 @@
 import pytest
 
-from memcalc.planner import plan_batch
+from memcalc.device.batch_search import plan_batch
 
 USABLE = 80 * 2**30
 

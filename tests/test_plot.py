@@ -7,7 +7,7 @@ matplotlib.use("Agg")
 from matplotlib.image import imread  # noqa: E402
 
 from memcalc.pipeline import estimate  # noqa: E402
-from memcalc.plot import plot_report  # noqa: E402
+from memcalc.render.plot import plot_report  # noqa: E402
 from memcalc.specs import TrainingSpec  # noqa: E402
 
 TINY = dict(model="mlp", model_args={"in_features": 64, "hidden": 128}, sample_shape=(64,),

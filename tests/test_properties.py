@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memcalc.cli import main
+from memcalc.cli.commands import main
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.units import _SIZE_FACTORS, parse_size

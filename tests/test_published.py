@@ -1,12 +1,12 @@
-"""memcalc against real GPU measurements published by others (benchmarks/published_cases.py).
+"""memcalc against real GPU measurements published by others (tests/fixtures/published_cases.py).
 
 Tolerances: ±5 % on allocated and reserved, ±10 % on the nvidia-smi total.
 """
 
 import pytest
 
-from benchmarks.published import error_rows, predicted
-from benchmarks.published_cases import PUBLISHED_CASES
+from tests.fixtures.published_compare import error_rows, predicted
+from tests.fixtures.published_cases import PUBLISHED_CASES
 
 TOLERANCE_PERCENT = {"allocated": 5.0, "reserved": 5.0, "nvidia-smi": 10.0}
 

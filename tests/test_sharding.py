@@ -2,7 +2,7 @@
 
 import pytest
 
-from memcalc.model_source import resolve_model
+from memcalc.model.source import resolve_model
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.strategies.sharding import (
@@ -12,7 +12,7 @@ from memcalc.strategies.sharding import (
     largest_unit_fraction,
     sharded_state_bytes,
 )
-from tests.gloo import run_ranks
+from tests.fixtures.gloo import run_ranks
 
 TINY_GPT2 = dict(vocab=1000, n_positions=64, dim=64, depth=4, heads=4)
 

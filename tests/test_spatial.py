@@ -7,10 +7,10 @@ import re
 import pytest
 
 from memcalc.errors import InputError
-from memcalc.gpus import find_gpu
-from memcalc.model_source import resolve_model
+from memcalc.device.gpus import find_gpu
+from memcalc.model.source import resolve_model
 from memcalc.pipeline import estimate
-from memcalc.spatial import (
+from memcalc.trace.halos import (
     MAX_ALIGNMENT,
     not_splittable_reason,
     slab_length,
@@ -21,8 +21,8 @@ from memcalc.strategies import ClusterSpec, Strategy
 from memcalc.strategies.candidates import traced_variant
 from memcalc.strategies.sharding import ModelStates
 from memcalc.strategies.spatial import fewest_spatial_parts
-from tests.gloo import run_ranks
-from tests.spatial_reference import (
+from tests.fixtures.gloo import run_ranks
+from tests.fixtures.spatial_reference import (
     HALO_NET,
     spatial_rank,
     traced_bytes,
@@ -65,7 +65,7 @@ def test_an_unsplittable_model_is_refused_with_the_reason():
 
 
 def test_a_slab_that_cannot_be_traced_is_named_not_dropped():
-    spec = TrainingSpec(model="tests.models_for_tests:conv_then_linear",
+    spec = TrainingSpec(model="tests.fixtures.models:conv_then_linear",
                         sample_shape=(1, 64, 32, 32), gpu_memory_bytes=GIB << 4)
     line = estimate(spec).device.plan
     # one sample does not fit, half of one would

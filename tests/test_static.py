@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from memcalc.optimizers import optimizer_rule
-from memcalc.precision import precision_policy
+from memcalc.trace.optimizers import optimizer_rule
+from memcalc.trace.precision import precision_policy
 from memcalc.specs import Precision
-from memcalc.static import layer_table, static_estimate
+from memcalc.device.static import layer_table, static_estimate
 
 
 def _model():

@@ -5,13 +5,13 @@ from dataclasses import replace
 
 import torch
 
-from memcalc.categories import MemoryCategory
-from memcalc.cudnn_workspace import ConvKind, WorkspaceModel, WorkspaceRule
-from memcalc.ledger import EMPTY_CACHE_RECORD
-from memcalc.optimizers import optimizer_rule
-from memcalc.precision import precision_policy
+from memcalc.trace.categories import MemoryCategory
+from memcalc.trace.cudnn_workspace import ConvKind, WorkspaceModel, WorkspaceRule
+from memcalc.trace.ledger import EMPTY_CACHE_RECORD
+from memcalc.trace.optimizers import optimizer_rule
+from memcalc.trace.precision import precision_policy
 from memcalc.specs import LossKind
-from memcalc.tracing import StepSetup, trace_training_step
+from memcalc.trace.tracer import StepSetup, trace_training_step
 
 # workspace = input bytes (forward), output bytes (dgrad), weight bytes (wgrad)
 COEFFICIENTS = {ConvKind.FORWARD: (1, 0, 0), ConvKind.DGRAD: (0, 1, 0),

@@ -14,7 +14,7 @@ import itertools
 import torch
 
 from memcalc.calibration.conv_recorder import ConvRecorder
-from memcalc.cudnn_workspace import MeasuredConv
+from memcalc.trace.cudnn_workspace import MeasuredConv
 
 # (name, kernel size, stride, groups: 1 plain or 0 depthwise, transposed)
 _KERNELS = [

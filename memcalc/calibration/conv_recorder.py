@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from memcalc._torch_internals import OpInterceptor, conv_backend_name
-from memcalc.cudnn_workspace import ConvCall, ConvKind, MeasuredConv
-from memcalc.trace_workspaces import conv_call
+from memcalc.trace._torch_internals import OpInterceptor, conv_backend_name
+from memcalc.trace.cudnn_workspace import ConvCall, ConvKind, MeasuredConv
+from memcalc.trace.workspaces import conv_call
 
 _ATEN = torch.ops.aten
 _CUDNN = torch.backends.cudnn

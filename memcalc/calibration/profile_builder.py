@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from memcalc.cudnn_workspace import MeasuredConv, WorkspaceModel, fit_rules
-from memcalc.env_profile import EnvProfile, LibraryFloor
+from memcalc.trace.cudnn_workspace import MeasuredConv, WorkspaceModel, fit_rules
+from memcalc.device.env_profile import EnvProfile, LibraryFloor
 
 
 def floor_from_stages(cublas_first: dict, cudnn_first: dict) -> LibraryFloor:

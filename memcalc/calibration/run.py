@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 from memcalc.calibration.profile_builder import build_profile, floor_from_stages, workspace_model
-from memcalc.cudnn_workspace import MeasuredConv
-from memcalc.env_profile import EnvProfile
+from memcalc.trace.cudnn_workspace import MeasuredConv
+from memcalc.device.env_profile import EnvProfile
 from memcalc.errors import CalibrationError
 
 JOB_TIMEOUT_S = 300

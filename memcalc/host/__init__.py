@@ -2,7 +2,7 @@
 
 from memcalc.host.machine import detect_machine, machine_from_options
 from memcalc.host.measure import measure_worker, measured_host_estimate
-from memcalc.host.plan import host_estimate
+from memcalc.host.workers import host_estimate
 from memcalc.host.report import HostReport, WorkerMeasurement
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec, StartMethod
 

@@ -2,7 +2,7 @@
 
 Each term is a peak: a worker is counted while it collates a batch (its samples and the
 collated copy alive), the main process while it holds the batch it trains on. How the
-terms add up over time (epoch start vs steady state) is ``memcalc.host.plan``'s concern.
+terms add up over time (epoch start vs steady state) is ``memcalc.host.workers``'s concern.
 Baseline constants were measured on Linux x86-64, Python 3.11, torch 2.13 (CPU wheel),
 glibc 2.36, with ``memcalc.host.procmem`` (PSS).
 """

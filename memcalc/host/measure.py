@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 
 from memcalc.errors import InputError, MemcalcError
-from memcalc.host.plan import (
+from memcalc.host.workers import (
     MALLOC_FIX_ENV,
     MMAP_THRESHOLD_MAX_BYTES,
     MMAP_THRESHOLD_MIN_BYTES,

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.host.procmem import process_memory
-from memcalc.references import import_callable
+from memcalc.model.user_code import import_callable
 
 SAMPLE_INTERVAL_S = 0.003
 MIN_BATCHES = 18

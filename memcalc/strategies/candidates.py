@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 
 from memcalc.errors import TraceError
-from memcalc.gpu_speed import compute_seconds
-from memcalc.gpus import GpuSpec
+from memcalc.device.speed import compute_seconds
+from memcalc.device.gpus import GpuSpec
 from memcalc.pipeline import estimate, training_step_flops
-from memcalc.report import Report
+from memcalc.report.models import Report
 from memcalc.specs import Precision, TrainingSpec
 from memcalc.strategies.cost import (
     all_reduce_seconds,

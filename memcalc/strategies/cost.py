@@ -1,6 +1,6 @@
 """Step time from FLOPs and the GPU catalog; communication volume over the interconnect.
 
-Compute time is ``memcalc.gpu_speed``'s. Collectives follow NCCL's ring
+Compute time is ``memcalc.device.speed``'s. Collectives follow NCCL's ring
 costs: all-reduce moves 2(N−1)/N of the bytes per GPU, all-gather and reduce-scatter
 (N−1)/N each. Communication is not overlapped with compute (an upper bound).
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from memcalc.host.plan import host_estimate
+from memcalc.host.workers import host_estimate
 from memcalc.host.report import HostReport
 from memcalc.strategies.report import Candidate
 from memcalc.strategies.specs import ClusterSpec

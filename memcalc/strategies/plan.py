@@ -3,12 +3,12 @@ them, recommend one with its reason, and write how to launch it."""
 
 from __future__ import annotations
 
-from memcalc.checkpointing import repeated_blocks
+from memcalc.trace.checkpointing import repeated_blocks
 from memcalc.errors import InputError
-from memcalc.gpus import find_gpu
-from memcalc.model_source import resolve_model
+from memcalc.device.gpus import find_gpu
+from memcalc.model.source import resolve_model
 from memcalc.pipeline import estimate
-from memcalc.spatial import not_splittable_reason
+from memcalc.trace.halos import not_splittable_reason
 from memcalc.specs import DeviceKind, Precision, TrainingSpec
 from memcalc.strategies.candidates import (
     DISTRIBUTED,

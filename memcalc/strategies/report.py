@@ -59,5 +59,5 @@ class StrategyPlan(BaseModel):
     largest_sample_strategy: str | None = None
 
     def _repr_html_(self) -> str:
-        from memcalc.render_html import plan_html
+        from memcalc.render.html import plan_html
         return plan_html(self)

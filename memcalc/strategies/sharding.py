@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from memcalc.checkpointing import repeated_blocks
+from memcalc.trace.checkpointing import repeated_blocks
 
 ZERO_STAGE = {"zero1": 1, "zero2": 2, "fsdp": 3}
 

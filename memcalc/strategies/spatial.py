@@ -1,10 +1,10 @@
 """Spatial-parallel candidates: when one sample does not fit a GPU, split every sample over
-the fewest GPUs (powers of two) whose traced slab fits (``memcalc.spatial``)."""
+the fewest GPUs (powers of two) whose traced slab fits (``memcalc.trace.halos``)."""
 
 from __future__ import annotations
 
-from memcalc.gpus import GpuSpec
-from memcalc.spatial import split_axis
+from memcalc.device.gpus import GpuSpec
+from memcalc.trace.halos import split_axis
 from memcalc.strategies.candidates import (
     TracedVariant,
     distributed_candidate,

@@ -1,0 +1,1 @@
+"""The command line: commands, their options and parameter types."""

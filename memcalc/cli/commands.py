@@ -1,0 +1,258 @@
+"""``memcalc`` command line: parse, call the estimator, render. No logic of its own."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from memcalc.cli.options import (
+    feed_options,
+    host_options,
+    loader_and_machine,
+    model_options,
+    training_spec,
+    worker_progress,
+)
+from memcalc.cli.calibrate import calibrate
+from memcalc.cli.guard import run_guarded as _run_guarded
+from memcalc.cli.types import ShapeType, enum_choice
+from memcalc.errors import InputError
+from memcalc.device.gpus import gpu_catalog
+from memcalc.render.plot import plot_report
+from memcalc.specs import DeviceKind
+from memcalc.strategies.specs import Interconnect, Strategy
+from memcalc.units import format_bytes, format_count
+from memcalc.model.zoo_catalog import zoo_rows
+
+
+@click.group()
+@click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """memcalc: memory of a PyTorch training step, predicted before launch without a GPU."""
+    ctx.obj = {"debug": debug}
+
+
+
+@main.command()
+@model_options
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
+              help="Write a PNG: breakdown, memory vs batch, timeline, top modules.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
+@feed_options
+@host_options
+@click.pass_context
+def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
+    """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest
+    batch; host RAM and the DataLoader workers that fit."""
+    from memcalc.pipeline import estimate as run_estimate
+    from memcalc.render.terminal import print_report
+
+    def work():
+        loader, machine = loader_and_machine(options)
+        spec = training_spec(options, loader, machine)
+        with worker_progress(loader.dataset is not None and not as_json) as progress:
+            report = run_estimate(spec, progress)
+        if plot_path:
+            plot_report(report, plot_path)
+        if as_json:
+            click.echo(report.model_dump_json(indent=2))
+        else:
+            print_report(report, Console(), show_layers)
+            if plot_path:
+                click.echo(f"plot written to {plot_path}")
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@model_options
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@feed_options
+@host_options
+@click.pass_context
+def check(ctx, as_json, **options) -> None:
+    """Exit 0 when --batch-size (and --num-workers) fit the GPU and host, 1 when not."""
+    from memcalc.api import check_spec
+    from memcalc.errors import MemoryBudgetError
+
+    def work():
+        loader, machine = loader_and_machine(options)
+        spec = training_spec(options, loader, machine)
+        try:
+            report = check_spec(spec)
+        except MemoryBudgetError as error:
+            click.echo(f"DOES NOT FIT: {str(error).removeprefix('does not fit: ')}", err=True)
+            sys.exit(1)
+        if as_json:
+            click.echo(report.model_dump_json(indent=2))
+        else:
+            click.echo(f"fits: batch {report.device.batch_size} needs "
+                       f"{format_bytes(report.device.total_bytes)} of "
+                       f"{format_bytes(report.device.plan.usable_bytes)} usable; "
+                       f"{report.host.num_workers} workers need "
+                       f"{format_bytes(report.host.peak_bytes)} of host RAM")
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@model_options
+@click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), default=1, show_default=True,
+              help="GPUs per node the job may use.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--global-batch", type=click.IntRange(min=1),
+              help="Samples per optimizer step to reach (gradient accumulation fills the gap).")
+@click.option("--interconnect", type=enum_choice(Interconnect), default="nvlink", show_default=True,
+              help="Link between the GPUs of a node; InfiniBand between nodes.")
+@click.option("--bucket-view", is_flag=True, help="DDP gradient_as_bucket_view=True.")
+@click.option("--max-gpus", type=click.IntRange(min=1), default=512, show_default=True,
+              help="With one GPU given: how many GPUs a strategy may ask for (1: this GPU only).")
+@click.option("--strategy", "forced", type=enum_choice(Strategy), help="Recommend this strategy.")
+@click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
+              help="Print only the launch file for the recommended strategy.")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
+@feed_options
+@host_options
+@click.pass_context
+def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
+         emit, as_json, **options) -> None:
+    """Which strategy to use: each traced or derived, ranked, with launch files."""
+    from memcalc.render.plan import plan_renderable
+    from memcalc.strategies import ClusterSpec, plan_strategies
+
+    def work():
+        loader, machine = loader_and_machine(options)
+        spec = training_spec(options, loader, machine)
+        cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, global_batch=global_batch,
+                              interconnect=interconnect, mfu=spec.feed.mfu,
+                              gradient_as_bucket_view=bucket_view, strategy=forced,
+                              max_gpus=max_gpus)
+        result = plan_strategies(spec, cluster)
+        if emit == "torchrun":
+            click.echo(result.torchrun or "")
+        elif emit == "slurm":
+            click.echo("\n".join(result.slurm or []))
+        elif as_json:
+            click.echo(result.model_dump_json(indent=2))
+        else:
+            Console().print(plan_renderable(result))
+        if result.recommended is None:
+            sys.exit(1)
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@click.option("--shape", type=ShapeType(), help="Per-sample shape as the Dataset yields it.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True,
+              help="Where training runs (cuda adds the CUDA host context and pinning).")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@host_options
+@click.pass_context
+def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
+    """Host RAM of the training process and the DataLoader workers that fit (no model)."""
+    from memcalc.host import HostSpec, host_estimate, measured_host_estimate
+    from memcalc.render.host import host_renderable
+
+    def work():
+        loader, machine = loader_and_machine(host_options)
+        spec = HostSpec(sample_shape=shape, batch_size=batch_size, loader=loader,
+                        machine=machine, cuda=device == DeviceKind.CUDA.value)
+        with worker_progress(loader.dataset is not None and not as_json) as progress:
+            report = (measured_host_estimate(spec, progress=progress) if loader.dataset
+                      else host_estimate(spec))
+        if as_json:
+            click.echo(report.model_dump_json(indent=2))
+        else:
+            Console().print(host_renderable(report))
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@click.option("--dataset", required=True, help="package.module:callable returning your Dataset.")
+@click.option("--step-time", type=click.FloatRange(min=0, min_open=True), required=True,
+              help="Seconds the simulated GPU takes per batch.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--workers", "worker_list", default="0,1,2", show_default=True,
+              help="Worker counts to run, comma separated.")
+@click.option("--batches", type=click.IntRange(min=2), default=20, show_default=True,
+              help="Batches timed per worker count (after warm-up).")
+@click.option("--cpus", type=click.IntRange(min=1), help="CPUs [default: detected].")
+@click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
+@click.pass_context
+def feed(ctx, dataset, step_time, batch_size, worker_list, batches, cpus, as_json) -> None:
+    """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
+    from memcalc.feed.check import feed_check
+    from memcalc.host import LoaderSpec, detect_machine, measure_worker
+    from memcalc.render.feed import feed_renderable
+
+    def work():
+        try:
+            counts = sorted({int(part) for part in worker_list.split(",") if part.strip()})
+        except ValueError:
+            raise InputError(f"--workers must be counts separated by commas, got {worker_list!r}"
+                             ) from None
+        if not counts or counts[0] < 0:
+            raise InputError(f"--workers must be counts of 0 or more, got {worker_list!r}")
+        with worker_progress(not as_json) as progress:
+            sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
+                                    progress=progress)
+            result = feed_check(dataset, batch_size, step_time, counts, sample.seconds_per_sample,
+                                cpus or detect_machine().cpus, batches)
+        if as_json:
+            click.echo(result.model_dump_json(indent=2))
+        else:
+            Console().print(feed_renderable(result))
+
+    _run_guarded(ctx, work)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the catalog as JSON.")
+def gpus(as_json: bool) -> None:
+    """List the GPU catalog: memory, compute capability, peak rates, bandwidth."""
+    def cells(row) -> list[str]:
+        rates = [row.fp32_tflops, row.tf32_tflops, row.bf16_tflops, row.fp16_tflops]
+        return [row.name, format_bytes(row.memory_bytes), row.compute_capability,
+                *("-" if rate is None else f"{rate:g}" for rate in rates),
+                f"{row.memory_bandwidth_gbps:g}"]
+
+    _print_rows(gpu_catalog(), as_json, "memcalc GPU catalog (dense peak TFLOP/s)",
+                ("name", "memory", "cc", "fp32", "tf32", "bf16", "fp16", "GB/s"), cells,
+                right_aligned=True)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the zoo as JSON.")
+def models(as_json: bool) -> None:
+    """List the model zoo with parameter counts and default sample shapes."""
+    def cells(row) -> list[str]:
+        return [row.name, format_count(row.parameter_count), ",".join(map(str, row.default_shape)),
+                row.input_dtype, row.description]
+
+    _print_rows(zoo_rows(), as_json, "memcalc model zoo",
+                ("name", "parameters", "default shape", "input dtype", "description"), cells)
+
+
+def _print_rows(rows, as_json: bool, title: str, columns: tuple[str, ...], cells,
+                right_aligned: bool = False) -> None:
+    """A catalog command's output: a JSON list of the rows, or a table of ``cells(row)``."""
+    if as_json:
+        click.echo("[" + ",\n".join(row.model_dump_json() for row in rows) + "]")
+        return
+    table = Table(title=title)
+    for index, column in enumerate(columns):
+        table.add_column(column, justify="right" if right_aligned and index else "left")
+    for row in rows:
+        table.add_row(*cells(row))
+    Console().print(table)
+
+
+main.add_command(calibrate)

@@ -1,0 +1,201 @@
+"""The option sets shared by ``estimate``, ``plan`` and ``host``, and how they become specs."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import click
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from memcalc.cli.types import (
+    FractionType,
+    ModelArgType,
+    ShapeType,
+    SizeType,
+    enum_choice,
+)
+from memcalc.device.cuda_overheads import ModuleLoading
+from memcalc.feed.model import FeedSpec
+from memcalc.host.machine import machine_from_options
+from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
+from memcalc.trace.optimizers import optimizer_names
+from memcalc.specs import (
+    INPUT_DTYPES,
+    DeviceKind,
+    Layout,
+    LossKind,
+    OptimizerImpl,
+    Precision,
+    TrainingSpec,
+)
+from memcalc.units import format_bytes
+
+_DTYPE_NAMES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "uint8",
+                "int8", "bool"]
+
+HOST_OPTIONS = [
+    click.option("--sample-dtype", type=click.Choice(_DTYPE_NAMES),
+                 help="dtype of one loaded sample [default: the input dtype, else float32]."),
+    click.option("--raw-dtype", type=click.Choice(_DTYPE_NAMES),
+                 help="dtype a sample is decoded to before conversion (e.g. uint8 images)."),
+    click.option("--transform-copies", type=click.IntRange(min=0), default=0, show_default=True,
+                 help="Full-size intermediate copies a transform makes per sample."),
+    click.option("--num-workers", type=click.IntRange(min=0),
+                 help="DataLoader workers to report [default: the recommended count]."),
+    click.option("--prefetch-factor", type=click.IntRange(min=1), default=2, show_default=True),
+    click.option("--pin-memory/--no-pin-memory", default=False, show_default=True),
+    click.option("--persistent-workers", is_flag=True),
+    click.option("--start-method", type=enum_choice(StartMethod), default="fork", show_default=True),
+    click.option("--dataset", help="package.module:callable returning your Dataset: measure a "
+                                   "real worker (PSS) instead of the shape arithmetic."),
+    click.option("--input-key", help="Field of a tuple/dict sample that is the model input."),
+    click.option("--dataset-ram", type=SizeType(), help="RAM of an in-memory dataset object."),
+    click.option("--python-objects", is_flag=True,
+                 help="The dataset is Python objects (lists, dicts): forked workers copy it."),
+    click.option("--probe-seconds", type=click.FloatRange(min=1), default=60, show_default=True,
+                 help="Time budget of the measured worker run."),
+    click.option("--host-headroom", type=FractionType(), default="5%", show_default=True,
+                 help="Share of the RAM limit kept free."),
+    click.option("--cpus", type=click.IntRange(min=1), help="CPUs of the job [default: detected]."),
+    click.option("--ram", type=SizeType(), help="RAM of the node, e.g. 188GB [default: detected]."),
+    click.option("--mem-per-cpu", type=SizeType(), help="SLURM --mem-per-cpu (needs --cpus)."),
+    click.option("--shm", type=SizeType(), help="/dev/shm size [default: detected; unchecked "
+                                                "when --ram is given]."),
+]
+
+
+def host_options(command):
+    for option in reversed(HOST_OPTIONS):
+        command = option(command)
+    return command
+
+
+def loader_and_machine(options: dict) -> tuple[LoaderSpec, MachineSpec]:
+    """Split the host options into the loader and the machine specs."""
+    machine = machine_from_options(options.pop("cpus"), options.pop("ram"),
+                                   options.pop("mem_per_cpu"), options.pop("shm"))
+    loader = LoaderSpec(
+        num_workers=options.pop("num_workers"), prefetch_factor=options.pop("prefetch_factor"),
+        pin_memory=options.pop("pin_memory"), persistent_workers=options.pop("persistent_workers"),
+        start_method=options.pop("start_method"), sample_dtype=options.pop("sample_dtype"),
+        raw_dtype=options.pop("raw_dtype"), transform_copies=options.pop("transform_copies"),
+        dataset_bytes=options.pop("dataset_ram") or 0,
+        dataset_python_objects=options.pop("python_objects"), dataset=options.pop("dataset"),
+        input_key=options.pop("input_key"), probe_seconds=options.pop("probe_seconds"),
+        headroom_fraction=options.pop("host_headroom"))
+    return loader, machine
+
+
+@contextmanager
+def worker_progress(enabled: bool):
+    """A spinner on stderr while a real worker is measured; yields the progress callback."""
+    if not enabled:
+        yield None
+        return
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task("measuring a real DataLoader worker")
+
+        def update(batches: int, worker_bytes: int) -> None:
+            progress.update(task, description=f"measuring a real DataLoader worker: batch "
+                                              f"{batches}, worker {format_bytes(worker_bytes)}")
+        yield update
+
+
+
+FEED_OPTIONS = [
+    click.option("--step-time", type=click.FloatRange(min=0, min_open=True),
+                 help="Seconds of one training step on the GPU [default: from FLOPs with --gpu]."),
+    click.option("--sample-time", type=click.FloatRange(min=0, min_open=True),
+                 help="CPU seconds to load and transform one sample [default: measured with "
+                      "--dataset]."),
+    click.option("--read-bandwidth", type=SizeType(),
+                 help="Storage read rate per second, e.g. 500MB, when only the shape is known."),
+    click.option("--mfu", type=click.FloatRange(min=0.01, max=1), default=0.4, show_default=True,
+                 help="Share of the GPU's peak FLOP/s a training step reaches."),
+]
+
+
+def feed_options(command):
+    for option in reversed(FEED_OPTIONS):
+        command = option(command)
+    return command
+
+
+MODEL_OPTIONS = [
+    click.option("--model", "model_name", required=True,
+                 help="Zoo name (see `memcalc models`) or package.module:callable returning an nn.Module."),
+    click.option("--model-arg", "model_args", type=ModelArgType(), multiple=True,
+                 help="Keyword argument for the model builder, e.g. --model-arg depth=50 (repeatable)."),
+    click.option("--shape", type=ShapeType(), help="Per-sample shape, comma separated (no batch axis)."),
+    click.option("--layout", type=enum_choice(Layout), default="auto", show_default=True,
+                 help="Where the channel axis is; auto checks against the first layer."),
+    click.option("--input-dtype", type=click.Choice(list(INPUT_DTYPES)),
+                 help="dtype of the input batch [default: the zoo model's, else float32]."),
+    click.option("--batch-size", type=click.IntRange(min=1),
+                 help="Batch to report [default: the planned largest with --gpu/--gpu-memory, else 1]."),
+    click.option("--loss", type=enum_choice(LossKind), default="cross-entropy", show_default=True),
+    click.option("--optimizer", type=click.Choice(optimizer_names()), default="adam", show_default=True),
+    click.option("--optimizer-impl", type=enum_choice(OptimizerImpl), default="default", show_default=True,
+                 help="torch.optim implementation; default = foreach on CUDA, for-loop on CPU."),
+    click.option("--zero-grad", type=click.Choice(["none", "zeros"]), default="none", show_default=True,
+                 help="zero_grad(set_to_none=True) frees gradients; 'zeros' keeps them (torch < 2.0)."),
+    click.option("--precision", type=enum_choice(Precision), default="fp32", show_default=True),
+    click.option("--checkpointing", is_flag=True,
+                 help="Activation checkpointing of the model's repeated blocks (traced)."),
+    click.option("--offload-activations", is_flag=True,
+                 help="Saved activations in host memory (torch.autograd.graph.save_on_cpu)."),
+    click.option("--spatial-parts", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Spatial parallelism: split every sample along its longest spatial axis "
+                      "over this many GPUs; the estimate is one GPU's."),
+    click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True),
+    click.option("--gpu", help="GPU from `memcalc gpus` (case-insensitive), e.g. H100-80GB."),
+    click.option("--gpu-memory", type=SizeType(),
+                 help="Capacity to plan for, e.g. 24GiB (binary) or 24GB (decimal); overrides --gpu's."),
+    click.option("--headroom", type=FractionType(), default="5%", show_default=True,
+                 help="Share of capacity kept free for what is not modelled."),
+    click.option("--cuda-module-loading", type=enum_choice(ModuleLoading), default="lazy",
+                 show_default=True, help="CUDA_MODULE_LOADING (eager before CUDA 11.7)."),
+    click.option("--cudnn-benchmark", is_flag=True,
+                 help="torch.backends.cudnn.benchmark=True: a plan search at each new shape."),
+    click.option("--cudnn-tf32/--no-cudnn-tf32", default=True, show_default=True,
+                 help="torch.backends.cudnn.allow_tf32 (fp32 convolutions on tensor cores)."),
+    click.option("--allocator-conf", metavar="CONF",
+                 help="The job's PYTORCH_CUDA_ALLOC_CONF, e.g. expandable_segments:True."),
+    click.option("--env-profile", metavar="FILE",
+                 help="Environment profile from `memcalc calibrate` (or a built-in name) "
+                      "[default: $MEMCALC_ENV_PROFILE, ~/.config/memcalc/env-profile.json, "
+                      "else built in]."),
+]
+
+
+def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> TrainingSpec:
+    """The model options (popped from ``options``) as a spec."""
+    names = ("model_name", "model_args", "shape", "layout", "input_dtype", "batch_size", "loss",
+             "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing",
+             "offload_activations", "spatial_parts", "device", "gpu", "gpu_memory", "headroom",
+             "cuda_module_loading", "cudnn_benchmark", "cudnn_tf32", "allocator_conf",
+             "env_profile")
+    value = {name: options.pop(name) for name in names}
+    return TrainingSpec(
+        model=value["model_name"], model_args=dict(value["model_args"]),
+        sample_shape=value["shape"], layout=value["layout"], input_dtype=value["input_dtype"],
+        batch_size=value["batch_size"], loss=value["loss"], optimizer=value["optimizer"],
+        optimizer_impl=value["optimizer_impl"], zero_grad_to_none=value["zero_grad"] == "none",
+        precision=value["precision"], activation_checkpointing=value["checkpointing"],
+        offload_activations=value["offload_activations"], spatial_parts=value["spatial_parts"],
+        feed=FeedSpec(step_time_s=options.pop("step_time"), sample_time_s=options.pop("sample_time"),
+                      read_bandwidth_bytes_per_s=options.pop("read_bandwidth"),
+                      mfu=options.pop("mfu")),
+        device=value["device"], gpu=value["gpu"], gpu_memory_bytes=value["gpu_memory"],
+        headroom_fraction=value["headroom"], cuda_module_loading=value["cuda_module_loading"],
+        cudnn_benchmark=value["cudnn_benchmark"], cudnn_tf32=value["cudnn_tf32"],
+        allocator_conf=value["allocator_conf"], env_profile=value["env_profile"],
+        loader=loader, machine=machine)
+
+
+def model_options(command):
+    for option in reversed(MODEL_OPTIONS):
+        command = option(command)
+    return command

@@ -1,0 +1,76 @@
+"""What a real CUDA process holds besides the traced tensors, from the environment profile.
+
+Two kinds: memory *outside* the caching allocator (the CUDA context with the kernels loaded
+into it, which nvidia-smi shows but ``max_memory_reserved`` does not), and allocations the
+libraries keep *through* the allocator that no traced tensor owns (cuBLAS workspaces).
+cuDNN's per-call workspaces are put into the trace itself (``memcalc.trace.workspaces``).
+
+Known limitations: eager module loading uses one published measurement (a V100, CUDA 11.2);
+a profile's floor holds for the driver, CUDA and libraries it was measured with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from memcalc.device.env_profile import EnvProfile
+from memcalc.device.gpus import GpuSpec
+
+MIB = 1 << 20
+
+
+class ModuleLoading(str, Enum):
+    """``CUDA_MODULE_LOADING``: PyTorch ≥ 1.13 sets LAZY when CUDA ≥ 11.7 (pytorch#86509)."""
+
+    LAZY = "lazy"
+    EAGER = "eager"
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    """Device memory outside the allocator during training, as nvidia-smi counts it."""
+
+    loading: ModuleLoading
+    context_bytes: int
+    source: str
+
+
+# Eager loading puts every kernel of every library in the context at start-up, whatever the
+# step uses; lazy loading is measured per environment (the profile's floor).
+EAGER_CONTEXT = ContextRow(
+    ModuleLoading.EAGER, 1343 * MIB,
+    "Hugging Face 'Model training anatomy' guide: 1343 MiB after the first CUDA tensor, "
+    "V100-SXM2-16GB, CUDA 11.2 (every kernel loaded at start-up)")
+
+# CublasHandlePool.cpp, getChosenWorkspaceSize(): 4096 KiB x 2 + 16 KiB x 8 by default,
+# 32 MiB on compute capability 9.0 and newer. One workspace per (handle, stream); handles are
+# per thread, and autograd runs backward on its own device thread, so a training step that
+# multiplies matrices in forward and backward holds two.
+CUBLAS_WORKSPACE_BYTES_DEFAULT = 4096 * 1024 * 2 + 16 * 1024 * 8
+CUBLAS_WORKSPACE_BYTES_HOPPER = 4096 * 8 * 1024
+
+
+def cublas_workspace_bytes(gpu: GpuSpec | None) -> int:
+    """One cuBLAS workspace by CublasHandlePool's rule (pre-Hopper when the card is unknown)."""
+    if gpu is not None and gpu.compute_capability_tuple >= (9, 0):
+        return CUBLAS_WORKSPACE_BYTES_HOPPER
+    return CUBLAS_WORKSPACE_BYTES_DEFAULT
+
+
+def workspace_allocations(profile: EnvProfile, gpu: GpuSpec | None,
+                          uses_matmul: bool) -> list[int]:
+    """Sizes of the cuBLAS workspaces a training step keeps in the caching allocator: the
+    profile's measured size, or CublasHandlePool's rule when the profile has none."""
+    if not uses_matmul:
+        return []
+    size = profile.cublas_workspace_bytes or cublas_workspace_bytes(gpu)
+    return [size] * profile.cublas_handles
+
+
+def context_bytes(profile: EnvProfile, loading: ModuleLoading, *, uses_matmul: bool,
+                  uses_conv: bool) -> int:
+    """CUDA context and loaded library kernels, outside the allocator."""
+    if loading is ModuleLoading.EAGER:
+        return EAGER_CONTEXT.context_bytes
+    return profile.floor.outside_bytes(uses_matmul, uses_conv)

@@ -1,0 +1,105 @@
+"""One device report at one batch size: from a trace (plus CUDA effects) or, failing that, static."""
+
+from __future__ import annotations
+
+import torch
+
+from memcalc.device.allocator_settings import AllocatorSettings
+from memcalc.device.allocator import replay
+from memcalc.device.cuda_overheads import context_bytes, workspace_allocations
+from memcalc.device.env_profile import EnvProfile
+from memcalc.device.gpus import GpuSpec
+from memcalc.report.models import (
+    Breakdown,
+    DeviceReport,
+    ModuleActivation,
+    StaticEstimate,
+    TimelinePoint,
+)
+from memcalc.specs import DeviceKind, TrainingSpec
+from memcalc.device.static import element_size
+from memcalc.trace.tracer import TraceResult
+
+TOP_MODULES = 10
+
+# ATen ops that run on cuBLAS on CUDA (linear layers, attention's math path, bmm).
+CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation"})
+# Convolution ops as the CPU trace names them; on CUDA each runs through cuDNN.
+CONV_OPS = frozenset({"convolution", "_convolution", "mkldnn_convolution", "convolution_backward",
+                      "_slow_conv2d_forward", "slow_conv3d_forward", "cudnn_convolution"})
+
+
+def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult,
+                         gpu: GpuSpec | None, profile: EnvProfile,
+                         usable_bytes: int | None = None) -> DeviceReport:
+    """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context,
+    and with ``usable_bytes`` (capacity minus headroom) whether the step runs in it."""
+    ledger = trace.ledger
+    per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
+                        key=lambda item: (-item[1], item[0]))
+    peak_record = ledger.peak_record()
+    compute_peak, optimizer_peak = ledger.phase_peaks()
+    cuda_fields = {}
+    if spec.device is DeviceKind.CUDA:
+        uses_matmul = bool(trace.op_names & CUBLAS_OPS)
+        workspaces = workspace_allocations(profile, gpu, uses_matmul)
+        settings = AllocatorSettings.from_conf(spec.allocator_conf)
+        context = context_bytes(profile, spec.cuda_module_loading, uses_matmul=uses_matmul,
+                                uses_conv=bool(trace.op_names & CONV_OPS))
+        limited = None
+        if usable_bytes is not None:
+            outside = context + profile.driver_reserved_bytes
+            limited = replay(ledger.events, workspaces, settings,
+                             limit_bytes=max(0, usable_bytes - outside))
+        # Where the limit is reached, the allocator frees its cache and retries: what the
+        # card then holds is the limited replay's peak. Without a limit, or when the step
+        # does not run in it, the peak it would reach with room enough.
+        runs = limited.fits if limited is not None else None
+        reserved = limited if runs else replay(ledger.events, workspaces, settings)
+        cuda_fields = dict(
+            peak_reserved_bytes=reserved.peak_reserved_bytes,
+            workspace_bytes=sum(workspaces), context_bytes=context,
+            cudnn_calls=trace.cudnn_calls, env_profile=profile.name, runs_at_capacity=runs)
+    return DeviceReport(
+        kind=spec.device.value,
+        batch_size=batch_size,
+        method="traced",
+        breakdown=Breakdown.from_categories(ledger.bytes_by_category_at_peak()),
+        top_modules=[ModuleActivation(module=name, activation_bytes=nbytes)
+                     for name, nbytes in per_module[:TOP_MODULES]],
+        peak_phase=peak_record.phase.value if peak_record else None,
+        compute_peak_bytes=compute_peak, optimizer_peak_bytes=optimizer_peak,
+        offloaded_bytes=trace.offloaded_bytes, halo_exchange_bytes=trace.halo_bytes,
+        timeline=[TimelinePoint(event=event, live_bytes=live, phase=phase, iteration=iteration)
+                  for event, live, phase, iteration in ledger.timeline()],
+        peak_iteration=peak_record.iteration if peak_record else None,
+        **cuda_fields,
+    )
+
+
+def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEstimate,
+                         leaf_output_elements: int | None, dtype: torch.dtype,
+                         uses_conv: bool, profile: EnvProfile) -> DeviceReport:
+    """Model states + input + every leaf layer's output once (a lower bound on activations).
+
+    ``static`` is counted at ``batch_size``; the leaf outputs are per sample.
+    """
+    activations = (leaf_output_elements or 0) * batch_size * element_size(dtype)
+    on_cuda = spec.device is DeviceKind.CUDA
+    return DeviceReport(
+        kind=spec.device.value,
+        batch_size=batch_size,
+        method="static",
+        breakdown=Breakdown(
+            parameters=static.parameter_bytes, buffers=static.buffer_bytes,
+            input_batch=static.input_batch_bytes, gradients=static.gradient_bytes,
+            optimizer_state=static.optimizer_state_bytes + static.optimizer_step_counter_bytes,
+            activations=activations, temporaries=0,
+        ),
+        top_modules=[],
+        peak_phase=None,
+        peak_iteration=None,
+        context_bytes=(context_bytes(profile, spec.cuda_module_loading, uses_matmul=True,
+                                     uses_conv=uses_conv) if on_cuda else 0),
+        env_profile=profile.name if on_cuda else None,
+    )

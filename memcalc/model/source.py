@@ -1,0 +1,98 @@
+"""Find the model a spec names and build it on the ``meta`` device (no weights allocated)."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from memcalc.errors import ModelSourceError
+from memcalc.model.user_code import import_callable
+from models_zoo import ZOO
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """How to build a model, and what its samples look like when the zoo knows."""
+
+    name: str
+    factory: Callable[..., nn.Module]
+    kwargs: dict[str, Any]
+    default_shape: tuple[int, ...] | None
+    default_input_dtype: str | None
+
+    def build_meta(self) -> nn.Module:
+        """Call the factory with ``meta`` as the default device; check it returns a Module."""
+        try:
+            with torch.device("meta"):
+                model = self.factory(**self.kwargs)
+        except TypeError as error:
+            raise ModelSourceError(f"model {self.name!r} rejected its arguments: {error}") from error
+        except ValueError as error:
+            raise ModelSourceError(f"model {self.name!r}: {error}") from error
+        if not isinstance(model, nn.Module):
+            raise ModelSourceError(
+                f"{self.name!r} returned {type(model).__name__}, not a torch.nn.Module; "
+                "the callable must build and return the model"
+            )
+        return model
+
+
+_OBJECTS: dict[str, Any] = {}
+OBJECT_PREFIX = "object:"
+
+
+def register_model_object(model: nn.Module | Callable[..., nn.Module]) -> str:
+    """A name for an ``nn.Module`` instance or a factory passed to the library, usable as
+    ``TrainingSpec.model`` in this process. Instances are traced as meta twins."""
+    kind = type(model).__name__ if isinstance(model, nn.Module) else getattr(
+        model, "__qualname__", type(model).__name__)
+    name = f"{OBJECT_PREFIX}{kind}@{id(model):x}"
+    _OBJECTS[name] = model
+    return name
+
+
+def display_name(name: str) -> str:
+    """``object:VolumeNet@7f…`` → ``VolumeNet (instance)``; other names unchanged."""
+    if not name.startswith(OBJECT_PREFIX):
+        return name
+    kind = name.removeprefix(OBJECT_PREFIX).rsplit("@", 1)[0]
+    return f"{kind} ({'instance' if isinstance(_OBJECTS.get(name), nn.Module) else 'factory'})"
+
+
+def meta_twin(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` whose parameters and buffers are meta tensors: the real weights are
+    neither copied nor moved (deepcopy sees them already "copied" in its memo)."""
+    memo: dict[int, Any] = {}
+    for parameter in model.parameters():
+        memo[id(parameter)] = nn.Parameter(torch.empty_like(parameter, device="meta"),
+                                           requires_grad=parameter.requires_grad)
+    for buffer in model.buffers():
+        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    return copy.deepcopy(model, memo)
+
+
+def resolve_model(name: str, kwargs: dict[str, Any] | None = None) -> ModelSource:
+    """A zoo name (``resnet3d``), ``package.module:callable``, or a registered object."""
+    kwargs = dict(kwargs or {})
+    if name in _OBJECTS:
+        target = _OBJECTS[name]
+        if isinstance(target, nn.Module):
+            return ModelSource(name, lambda: meta_twin(target), {}, None, None)
+        return ModelSource(name, target, kwargs, None, None)
+    if ":" in name:
+        return ModelSource(name, import_callable(name, "model", ModelSourceError), kwargs, None, None)
+    if name not in ZOO:
+        close = difflib.get_close_matches(name, list(ZOO), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ModelSourceError(
+            f"unknown model {name!r}{hint}; zoo models: {', '.join(ZOO)}, "
+            "or give package.module:callable"
+        )
+    entry = ZOO[name]
+    return ModelSource(name, entry.build, kwargs, entry.default_shape, entry.input_dtype)

@@ -1,0 +1,1 @@
+"""Reports shown to people: terminal, host, feed, plan, HTML and plots."""

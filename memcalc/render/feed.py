@@ -1,0 +1,42 @@
+"""Terminal rendering of the feeding model and of ``memcalc feed``'s check."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.panel import Panel
+from rich.table import Table
+
+from memcalc.feed.check import FeedCheck
+from memcalc.feed.model import ThroughputReport
+from memcalc.render.host import bullets
+
+
+def throughput_renderable(throughput: ThroughputReport) -> Group:
+    verdict = {"gpu": "GPU-bound (the loader keeps up)", "cpu": "[bold red]CPU-bound[/]",
+               "io": "[bold red]I/O-bound[/]"}[throughput.bound]
+    head = (f"[bold]feeding: {verdict}[/] at num_workers={throughput.num_workers}: GPU busy "
+            f"{throughput.expected_gpu_utilization:.0%}\n"
+            f"step {throughput.step_time_s * 1e3:.3g} ms ({throughput.step_time_source}); "
+            f"one worker builds a batch in {throughput.batch_load_time_s * 1e3:.3g} ms "
+            f"({throughput.batch_load_source}); {throughput.workers_needed} workers needed")
+    rows = ", ".join(f"{row.num_workers}: {row.expected_gpu_utilization:.0%}"
+                     for row in throughput.by_workers[:9])
+    parts = [Panel(head + f"\nGPU busy by workers — {rows}", title="memcalc feeding",
+                   expand=False)]
+    if throughput.advice:
+        parts.append(bullets("What helps", throughput.advice))
+    return Group(*parts)
+
+
+def feed_renderable(check: FeedCheck) -> Group:
+    table = Table(title=f"{check.dataset}: batch {check.batch_size}, simulated step "
+                        f"{check.step_time_s * 1e3:.3g} ms, {check.seconds_per_sample * 1e3:.3g} "
+                        f"ms per sample (measured in a real worker), {check.cpus} CPUs",
+                  title_justify="left")
+    for column in ("num_workers", "predicted GPU busy", "measured GPU busy", "difference"):
+        table.add_column(column, justify="right")
+    for row in check.rows:
+        table.add_row(str(row.num_workers), f"{row.predicted_gpu_utilization:.0%}",
+                      f"{row.measured_gpu_utilization:.0%}",
+                      f"{100 * (row.predicted_gpu_utilization - row.measured_gpu_utilization):+.0f} pt")
+    return Group(table)

@@ -1,0 +1,59 @@
+"""Notebook rendering (``_repr_html_``): the breakdown table and the recommendation."""
+
+from __future__ import annotations
+
+from html import escape
+
+from memcalc.report.models import Report
+from memcalc.strategies.report import StrategyPlan
+from memcalc.units import format_bytes
+
+_STYLE = "border-collapse:collapse;font-family:monospace;font-size:12px"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th style='text-align:left;padding:2px 8px'>{escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td style='padding:2px 8px'>{escape(c)}</td>" for c in row)
+                   + "</tr>" for row in rows)
+    return f"<table style='{_STYLE}'><tr>{head}</tr>{body}</table>"
+
+
+def report_html(report: Report) -> str:
+    device = report.device
+    fits = ("" if device.fits is None else
+            " — <b style='color:green'>fits</b>" if device.fits else
+            " — <b style='color:red'>does not fit</b>")
+    parts = [f"<h4>memcalc: {escape(report.model.name)}, batch {device.batch_size}, "
+             f"{escape(report.spec.precision.value)} — peak {format_bytes(device.peak_bytes)}"
+             f" ({escape(device.method)}){fits}</h4>"]
+    rows = [[category.value, format_bytes(nbytes), f"{nbytes:,}"]
+            for category, nbytes in device.breakdown.by_category().items()]
+    if device.peak_reserved_bytes is not None:
+        rows.append(["+ allocator reserve", format_bytes(device.peak_reserved_bytes
+                                                         - device.breakdown.total_bytes), ""])
+        rows.append(["+ CUDA context", format_bytes(device.context_bytes or 0), ""])
+    rows.append(["total (nvidia-smi)" if device.kind == "cuda" else "total",
+                 format_bytes(device.total_bytes), f"{device.total_bytes:,}"])
+    parts.append(_table(["category", "size", "bytes"], rows))
+    if device.plan is not None:
+        parts.append(f"<p>largest batch on {format_bytes(device.plan.usable_bytes)} usable: "
+                     f"<b>{device.plan.max_batch_size}</b></p>")
+    if report.throughput is not None:
+        t = report.throughput
+        parts.append(f"<p>feeding: <b>{escape(t.bound)}-bound</b>, GPU busy "
+                     f"{t.expected_gpu_utilization:.0%} with {t.num_workers} workers</p>")
+    if report.host is not None:
+        h = report.host
+        parts.append(f"<p>host: {h.max_num_workers} workers fit, recommended "
+                     f"{h.recommended_num_workers}, peak {format_bytes(h.peak_bytes)} of "
+                     f"{format_bytes(h.usable_bytes)}</p>")
+    return "".join(parts)
+
+
+def plan_html(plan: StrategyPlan) -> str:
+    rows = [[c.label, str(c.gpus), format_bytes(c.per_gpu_peak_bytes), str(c.max_batch_size),
+             f"{c.samples_per_s:,.2f}", "yes" if c.fits else "no"]
+            for c in plan.candidates if c.fits or c.gpus == 1]
+    return (f"<h4>recommended: {escape(plan.recommended or 'none')}</h4><p>{escape(plan.reason)}"
+            "</p>" + _table(["strategy", "GPUs", "per-GPU peak", "batch/GPU", "samples/s",
+                             "fits"], rows))

@@ -1,0 +1,138 @@
+"""Terminal rendering of reports with rich. Formatting only; no computation."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+
+from memcalc.render.feed import throughput_renderable
+from memcalc.render.host import bullets, host_renderable
+from memcalc.report.models import Report
+from memcalc.units import format_bytes, format_count
+
+
+def report_renderable(report: Report, show_layers: bool = False) -> Group:
+    device, spec = report.device, report.spec
+    label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
+    reserved = (", CUDA reserved + context, what nvidia-smi shows"
+                if device.peak_reserved_bytes is not None else "")
+    when = (f" — reached in {device.peak_phase} of iteration {device.peak_iteration}"
+            if device.peak_phase else "")
+    head = (
+        f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
+        f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}\n"
+        f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
+        f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}\n"
+        f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}{reserved}; allocated "
+        f"{format_bytes(device.peak_allocated_bytes)}{when})"
+    )
+    parts = [Panel(head, title="memcalc estimate", expand=False), _breakdown_table(report)]
+    if device.plan is not None:
+        parts.append(_plan_panel(report))
+    if device.top_modules:
+        parts.append(_top_modules_table(report))
+    parts.append(_static_table(report))
+    if show_layers and report.model.layers:
+        parts.append(_layers_table(report))
+    parts.append(bullets("Assumptions", report.assumptions))
+    if report.unsupported:
+        parts.append(bullets("Not modelled", report.unsupported))
+    if report.throughput is not None:
+        parts.append(throughput_renderable(report.throughput))
+    if report.host is not None:
+        parts.append(host_renderable(report.host))
+    return Group(*parts)
+
+
+def _breakdown_table(report: Report) -> Table:
+    breakdown = report.device.breakdown
+    table = Table(title="Live tensor bytes at the peak", title_justify="left")
+    table.add_column("category")
+    table.add_column("size", justify="right")
+    table.add_column("bytes", justify="right")
+    table.add_column("share", justify="right")
+    total = breakdown.total_bytes or 1
+    for category, nbytes in breakdown.by_category().items():
+        table.add_row(category.value, format_bytes(nbytes), f"{nbytes:,}", f"{100 * nbytes / total:.1f} %")
+    table.add_row("[bold]total live[/]", f"[bold]{format_bytes(breakdown.total_bytes)}[/]",
+                  f"{breakdown.total_bytes:,}", "100.0 %")
+    reserved = report.device.peak_reserved_bytes
+    if reserved is not None:
+        extra = reserved - breakdown.total_bytes
+        table.add_row("+ CUDA allocator reserve (rounding, cached blocks, fragmentation)",
+                      format_bytes(extra), f"{extra:,}", "")
+        table.add_row("predicted reserved peak (max_memory_reserved)", format_bytes(reserved),
+                      f"{reserved:,}", "")
+    if report.device.kind == "cuda":
+        context = report.device.context_bytes
+        table.add_row("+ CUDA context and loaded kernels (outside the allocator)",
+                      format_bytes(context), f"{context:,}", "")
+        total = report.device.total_bytes
+        table.add_row("[bold]predicted total (nvidia-smi)[/]", f"[bold]{format_bytes(total)}[/]",
+                      f"{total:,}", "")
+    return table
+
+
+def _plan_panel(report: Report) -> Panel:
+    device, plan = report.device, report.device.plan
+    lines = [
+        f"capacity {format_bytes(device.capacity_bytes)} - headroom "
+        f"{format_bytes(device.headroom_bytes)} = usable {format_bytes(plan.usable_bytes)}",
+        f"linear model: {format_bytes(plan.model_bytes)} + {format_bytes(plan.per_sample_bytes)} "
+        f"per sample (line through traced batches {plan.fit_batches[0]} and {plan.fit_batches[1]})",
+    ]
+    if plan.max_batch_size == 0:
+        levers = ("mixed precision, checkpointing, offloading or splitting each sample over "
+                  "GPUs (spatial parallelism)" if plan.per_sample_bytes > plan.model_bytes else
+                  "mixed precision, ZeRO / FSDP sharding or a pipeline over GPUs")
+        lines.append(f"[bold red]batch 1 does not fit[/]: it needs "
+                     f"{format_bytes(plan.points[0].total_bytes)}; lower the input size or use "
+                     f"{levers} — `memcalc plan` traces and ranks them")
+    else:
+        state = "confirmed" if plan.confirmed else "NOT confirmed"
+        lines.append(f"[bold]largest batch that fits: {plan.max_batch_size}[/] ({state} by "
+                     "tracing it and the next one up)")
+    traced = ", ".join(f"{point.batch_size}: {format_bytes(point.total_bytes)} "
+                       f"{'fits' if point.fits else 'over'}" for point in plan.points)
+    lines.append(f"traced batches: {traced}")
+    return Panel("\n".join(lines), title="Batch plan", title_align="left")
+
+
+def _top_modules_table(report: Report) -> Table:
+    table = Table(title="Top modules by activation bytes at the peak", title_justify="left")
+    table.add_column("module")
+    table.add_column("activations", justify="right")
+    for row in report.device.top_modules:
+        table.add_row(row.module, format_bytes(row.activation_bytes))
+    return table
+
+
+def _static_table(report: Report) -> Table:
+    static = report.static
+    table = Table(title="Static count (no trace)", title_justify="left")
+    table.add_column("item")
+    table.add_column("size", justify="right")
+    for name, nbytes in (
+        ("parameters", static.parameter_bytes), ("buffers", static.buffer_bytes),
+        ("gradients", static.gradient_bytes), ("optimizer state", static.optimizer_state_bytes),
+        ("optimizer step counters", static.optimizer_step_counter_bytes),
+        ("model states total", static.model_state_bytes),
+        ("input batch", static.input_batch_bytes),
+    ):
+        table.add_row(name, format_bytes(nbytes))
+    return table
+
+
+def _layers_table(report: Report) -> Table:
+    table = Table(title="Layers (torchinfo, batch of one)", title_justify="left")
+    for column in ("layer", "type", "output shape", "params"):
+        table.add_column(column, justify="right" if column == "params" else "left")
+    for row in report.model.layers:
+        table.add_row("  " * (row.depth - 1) + row.name, row.kind,
+                      str(row.output_shape or "-"), f"{row.parameter_count:,}")
+    return table
+
+
+def print_report(report: Report, console: Console | None = None, show_layers: bool = False) -> None:
+    (console or Console()).print(report_renderable(report, show_layers))

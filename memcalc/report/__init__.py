@@ -1,0 +1,1 @@
+"""The report: the pydantic models every command returns and all the prose of assumptions."""

@@ -1,0 +1,124 @@
+"""The assumptions and the known gaps every report states, in words."""
+
+from __future__ import annotations
+
+from memcalc.device.allocator_settings import AllocatorSettings
+from memcalc.device.cuda_overheads import EAGER_CONTEXT, ModuleLoading, cublas_workspace_bytes
+from memcalc.device.env_profile import EnvProfile
+from memcalc.device.gpus import GpuSpec
+from memcalc.trace.optimizers import optimizer_rule
+from memcalc.trace.precision import precision_policy
+from memcalc.specs import DeviceKind, LossKind, OptimizerImpl, TrainingSpec
+from memcalc.units import format_bytes
+
+_LOSS_TEXT = {
+    LossKind.CROSS_ENTROPY: (
+        "loss: cross-entropy against int64 class targets shaped like the output minus its "
+        "class dim (dim 1; the last dim for token-id models, flattened as in LM training)"
+    ),
+    LossKind.MSE: "loss: MSE against a float target shaped like the output",
+    LossKind.SUM: "loss: output.sum() (no target)",
+}
+
+
+def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
+                model_has_conv: bool, foreach: bool, traced: bool) -> list[str]:
+    rule = optimizer_rule(spec.optimizer)
+    implementation = ("foreach implementation (CUDA's default; parameter-sized temporaries "
+                      "during step())" if foreach else "for-loop implementation (CPU's default; "
+                      "one parameter-sized temporary at a time)")
+    if spec.optimizer_impl is OptimizerImpl.FUSED:
+        implementation += "; fused was asked for and is traced as for-loop (neither holds a "
+        implementation += "whole-model temporary)"
+    lines = [
+        precision_policy(spec.precision).assumption,
+        f"optimizer {rule.name}: {rule.description}; {rule.state_copies} parameter-sized state "
+        f"tensor(s) per parameter" + (", plus a 4-byte step counter per parameter tensor"
+                                       if rule.step_counter else "") + f"; {implementation}",
+        _LOSS_TEXT[spec.loss],
+        "model in train mode; every parameter trainable unless the model sets requires_grad=False",
+    ]
+    if traced:
+        lines += [
+            "traced on fake CPU tensors: 2 iterations of forward, loss, backward, optimizer "
+            f"step, zero_grad(set_to_none={spec.zero_grad_to_none}); the peak is the maximum over both, so the "
+            "optimizer state created lazily at step 1 is included",
+            "the step is a function: its output and loss are released when it returns (a "
+            "plain for-loop that keeps `output` until the next forward holds it one step longer)",
+            "activations = tensors made in forward and loss that are still alive when backward "
+            "starts; temporaries = everything else the step makes",
+        ]
+    if spec.device is DeviceKind.CUDA:
+        lines += _cuda_assumptions(spec, gpu, profile, model_has_conv)
+    if spec.device is DeviceKind.CUDA and traced:
+        lines.append(_allocator_assumption(spec))
+    if spec.device is DeviceKind.CPU and model_has_conv:
+        lines.append("CPU convolutions (oneDNN/mkldnn) allocate workspaces the trace does not "
+                     "see; a real CPU run of a conv net peaks higher (see README)")
+    return lines
+
+
+def _cuda_assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile,
+                      model_has_conv: bool) -> list[str]:
+    card = (f"GPU {gpu.name} (compute capability {gpu.compute_capability}, "
+            f"{format_bytes(gpu.memory_bytes)})" if gpu else "GPU not named (pre-Hopper assumed)")
+    floor = profile.floor
+    if spec.cuda_module_loading is ModuleLoading.EAGER:
+        context = (f"CUDA context with eager module loading: {format_bytes(EAGER_CONTEXT.context_bytes)} "
+                   f"outside the allocator ({EAGER_CONTEXT.source})")
+    else:
+        context = (f"outside the allocator (lazy module loading): CUDA context "
+                   f"{format_bytes(floor.context_bytes)}, + {format_bytes(floor.cublas_bytes)} "
+                   f"once cuBLAS runs, + {format_bytes(floor.cudnn_bytes)} once cuDNN runs "
+                   f"({format_bytes(floor.cudnn_after_cublas_bytes)} after cuBLAS)")
+    workspace = profile.cublas_workspace_bytes or cublas_workspace_bytes(gpu)
+    lines = [
+        card,
+        f"CUDA figures from the {profile.describe()}; `memcalc calibrate` measures yours",
+        context,
+        f"cuBLAS workspace: {profile.cublas_handles} x {format_bytes(workspace)} (forward and "
+        "autograd threads each hold a handle; CublasHandlePool.cpp) when the step multiplies "
+        "matrices, allocated through the caching allocator",
+        "scaled-dot-product attention: CUDA's flash/memory-efficient kernels (no stored S x S "
+        "matrix or dropout mask, also with dropout)",
+        f"headroom: {spec.headroom_fraction:.0%} of capacity kept free",
+    ]
+    if model_has_conv:
+        error, calls = profile.cudnn.error_summary()
+        lines.append(
+            f"cuDNN convolution workspaces (cudnn.benchmark={spec.cudnn_benchmark}, "
+            f"allow_tf32={spec.cudnn_tf32}): allocated and freed around every forward, data-"
+            "gradient and weight-gradient call in the trace, sized by the profile's rules "
+            f"(bytes from input, output and weight sizes per call class; fitted to {calls} "
+            f"measured calls, {error:.0%} mean absolute error); a workspace that does not fit "
+            "is given up, as cuDNN then takes a plan that needs less"
+            + ("; each new shape's plan search allocates a larger buffer and empties the "
+               "allocator's cache (Conv_v8.cpp)" if spec.cudnn_benchmark else ""))
+    return lines
+
+
+def _allocator_assumption(spec: TrainingSpec) -> str:
+    settings = AllocatorSettings.from_conf(spec.allocator_conf)
+    given = f"PYTORCH_CUDA_ALLOC_CONF={spec.allocator_conf!r}" if spec.allocator_conf else \
+        "default allocator settings"
+    ignored = (f" (not modelled: {', '.join(settings.not_modelled)})"
+               if settings.not_modelled else "")
+    return ("CUDA reserved memory: the traced allocations and frees are replayed through a "
+            "model of PyTorch's caching allocator (512 B rounding; requests up to 1 MiB packed "
+            "in 2 MiB segments, 1-10 MiB in 20 MiB segments, larger rounded to 2 MiB; best fit "
+            f"with splitting and merging; {given}{ignored}; one stream); with a capacity, it is "
+            "replayed again with capacity - headroom - context as its limit, freeing cached "
+            "blocks and retrying before an out-of-memory as PyTorch does: that run decides "
+            "what fits")
+
+
+def unsupported(spec: TrainingSpec) -> list[str]:
+    if spec.device is not DeviceKind.CUDA:
+        return []
+    return [
+        "blocks held for other streams, garbage_collection_threshold, CUDA graphs: not "
+        "modelled by the allocator replay",
+        "CUDA autocast's float32 list beyond softmax, log_softmax, layer_norm and group_norm "
+        "(exp, pow, losses...): those ops keep the CPU autocast dtype",
+        "NCCL buffers and DDP gradient buckets: one GPU is assumed",
+    ]

@@ -1,0 +1,244 @@
+"""Run real training iterations on fake tensors and record every storage in a ledger.
+
+Each iteration is forward (under autocast when mixed precision), loss, backward, optimizer
+step, ``zero_grad(set_to_none=True)``. Two iterations are run so the optimizer state that
+appears lazily at the first step is present during the second.
+
+Known limitations: storages resized in place (``UntypedStorage.resize_``, used by FSDP) keep
+their first size; tensors a model creates outside ATen ops (e.g. from numpy) are not seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from memcalc.trace._torch_internals import (
+    FAKE_TENSOR_FAILURES,
+    UNSUPPORTED_OPERATOR,
+    RealAllocationError,
+    StorageWatcher,
+    fake_cpu_mode,
+    materialize_fake,
+)
+from memcalc.trace.categories import MemoryCategory
+from memcalc.trace.checkpointing import apply_checkpointing
+from memcalc.trace.cuda_kernels import CudaKernelMode
+from memcalc.trace.cudnn_workspace import WorkspaceModel
+from memcalc.errors import MemcalcError, TraceError
+from memcalc.trace.ledger import MemoryLedger, Phase, StorageRecord
+from memcalc.trace.losses import compute_loss, make_target, primary_output
+from memcalc.trace.offload import OffloadCounter
+from memcalc.trace.optimizers import OptimizerRule
+from memcalc.trace.precision import PrecisionPolicy, cpu_autocast
+from memcalc.trace.halos import ZeroHalos, apply_halo_exchange
+from memcalc.trace.workspaces import ConvWorkspaces
+from memcalc.specs import LossKind
+
+# Module paths given to storages made outside any submodule.
+ROOT_MODULE_LABEL = "(model)"
+LOSS_LABEL = "(loss)"
+
+
+@dataclass(frozen=True)
+class StepSetup:
+    """Everything needed to run the traced iterations."""
+
+    build_meta_model: Callable[[], nn.Module]
+    batch_shape: tuple[int, ...]
+    batch_dtype: torch.dtype
+    loss: LossKind
+    classes_last: bool
+    optimizer: OptimizerRule
+    foreach: bool
+    policy: PrecisionPolicy
+    cuda_kernels: bool = False
+    """Apply ``memcalc.trace.cuda_kernels`` substitutions (the target is a CUDA GPU)."""
+    keep_zeroed_grads: bool = False
+    """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
+    checkpoint_blocks: tuple[str, ...] = ()
+    """Modules whose forward runs under non-reentrant activation checkpointing."""
+    offload_activations: bool = False
+    """Saved activations go to host memory in forward and come back in backward."""
+    halo_axis: int | None = None
+    """Spatial parallelism: the batch axis split over GPUs; padded convs/pools exchange halos."""
+    cudnn: WorkspaceModel | None = None
+    """cuDNN workspace rules; None: no workspaces are inserted (CPU targets)."""
+    cudnn_benchmark: bool = False
+    cudnn_tf32: bool = True
+    iterations: int = 2
+
+
+@dataclass
+class TraceResult:
+    ledger: MemoryLedger
+    output_shape: tuple[int, ...]
+    op_names: frozenset[str]
+    """ATen op names the step ran (``mm``, ``convolution``...)."""
+    offloaded_bytes: int = 0
+    """Host bytes the offloaded activations of one iteration take (0 without offloading)."""
+    halo_bytes: int = 0
+    """Halo rows one rank receives in one iteration (0 without spatial parallelism)."""
+    cudnn_calls: int = 0
+    """cuDNN calls given a workspace (0 when no workspace model was applied)."""
+
+
+class _Cursor:
+    """Where the step is now; new storages are stamped with it."""
+
+    def __init__(self) -> None:
+        self.phase, self.iteration, self.module_stack = Phase.SETUP, 0, []
+
+    @property
+    def module_path(self) -> str:
+        return self.module_stack[-1] if self.module_stack else ""
+
+
+def step_model(setup: StepSetup, halos: ZeroHalos) -> nn.Module:
+    """The model as the step runs it, inside a fake mode: materialised in training mode, its
+    repeated blocks checkpointed, its padded layers taking ``halos`` under spatial
+    parallelism."""
+    model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
+    apply_checkpointing(model, list(setup.checkpoint_blocks))
+    if setup.halo_axis is not None:
+        apply_halo_exchange(model, setup.halo_axis, halos)
+    return model
+
+
+def trace_training_step(setup: StepSetup) -> TraceResult:
+    """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be."""
+    try:
+        with fake_cpu_mode():
+            return _trace(setup)
+    except MemcalcError:
+        raise
+    except RealAllocationError as error:
+        raise TraceError(f"refused: {error}") from error
+    except UNSUPPORTED_OPERATOR as error:
+        raise TraceError(f"op {_first_line(error)} has no fake kernel (a custom or extension "
+                         "op; register one with torch.library.register_fake)") from error
+    except FAKE_TENSOR_FAILURES as error:
+        raise TraceError(f"the model needs real tensor values ({type(error).__name__}: "
+                         f"{_first_line(error)})") from error
+    except Exception as error:  # the user's model code may raise anything
+        raise TraceError(f"the model failed in the traced step: {type(error).__name__}: "
+                         f"{_first_line(error)}") from error
+
+
+def _trace(setup: StepSetup) -> TraceResult:
+    ledger, cursor = MemoryLedger(), _Cursor()
+
+    def on_new(storage: torch.UntypedStorage) -> StorageRecord | None:
+        nbytes = storage.nbytes()
+        if nbytes == 0:
+            return None
+        return ledger.allocate(nbytes, cursor.phase, cursor.iteration, cursor.module_path,
+                               MemoryCategory.TEMPORARY)
+
+    def transient(nbytes: int) -> None:
+        if nbytes > 0:
+            ledger.free(ledger.allocate(nbytes, cursor.phase, cursor.iteration,
+                                        cursor.module_path, MemoryCategory.WORKSPACE,
+                                        optional=True))
+
+    workspaces = (ConvWorkspaces(setup.cudnn, transient, ledger.empty_cache,
+                                 benchmark=setup.cudnn_benchmark, tf32=setup.cudnn_tf32)
+                  if setup.cudnn is not None else None)
+    watcher = StorageWatcher(on_new, ledger.free, workspaces)
+    halo = ZeroHalos()
+    model = step_model(setup, halo)
+    _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
+    _label(watcher, model.buffers(), MemoryCategory.BUFFER)
+    batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
+    _label(watcher, [batch], MemoryCategory.INPUT)
+    handles = _track_modules(model, cursor)
+    kernels = CudaKernelMode() if setup.cuda_kernels else contextlib.nullcontext()
+    offload = OffloadCounter()
+    try:
+        with watcher, kernels:
+            optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
+            output_shape = _iterations(setup, model, batch, optimizer, watcher, cursor, ledger,
+                                       offload, halo)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return TraceResult(ledger, output_shape, frozenset(watcher.op_names), offload.peak_bytes,
+                       halo.peak_bytes, workspaces.calls if workspaces else 0)
+
+
+def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload, halo
+                ) -> tuple[int, ...]:
+    target: list[torch.Tensor | None] = []
+    output_shape: tuple[int, ...] = ()
+    for iteration in range(1, setup.iterations + 1):
+        cursor.iteration = iteration
+        halo.start_iteration()
+        offload.start_iteration()
+        saved = offload.hooks() if setup.offload_activations else contextlib.nullcontext()
+        with saved:
+            output_shape = _one_step(setup, model, batch, optimizer, watcher, cursor, ledger,
+                                     target)
+    return output_shape
+
+
+def _one_step(setup, model, batch, optimizer, watcher, cursor, ledger, target) -> tuple[int, ...]:
+    """One iteration as a step function: output and loss are released when it returns."""
+    cursor.phase = Phase.FORWARD
+    first_forward_record = len(ledger.records)
+    autocast = cpu_autocast(setup.policy.autocast_dtype)
+    with autocast:
+        output = primary_output(model(batch))
+        if not target:
+            target.append(make_target(setup.loss, output, setup.classes_last))
+            if target[0] is not None:
+                _label(watcher, target, MemoryCategory.INPUT)
+        cursor.module_stack.append(LOSS_LABEL)
+        loss = compute_loss(setup.loss, output, target[0], setup.classes_last)
+        cursor.module_stack.pop()
+    for record in ledger.records[first_forward_record:]:
+        if not record.freed and record.category is MemoryCategory.TEMPORARY:
+            record.category = MemoryCategory.ACTIVATION
+    cursor.phase = Phase.BACKWARD
+    loss.backward()
+    _label(watcher, (p.grad for p in model.parameters() if p.grad is not None),
+           MemoryCategory.GRADIENT)
+    cursor.phase = Phase.OPTIMIZER
+    optimizer.step()
+    _label(watcher, (value for state in optimizer.state.values() for value in state.values()
+                     if isinstance(value, torch.Tensor)), MemoryCategory.OPTIMIZER_STATE)
+    cursor.phase = Phase.ZERO_GRAD
+    optimizer.zero_grad(set_to_none=not setup.keep_zeroed_grads)
+    return tuple(output.shape)
+
+
+def _label(watcher: StorageWatcher, tensors, category: MemoryCategory) -> None:
+    for tensor in tensors:
+        record = watcher.watch(tensor)
+        if record is not None:
+            record.category = category
+
+
+def _track_modules(model: nn.Module, cursor: _Cursor) -> list:
+    """Forward hooks that keep ``cursor.module_stack`` (hooks must return None)."""
+
+    def enter(name: str) -> None:
+        cursor.module_stack.append(name)
+
+    def leave() -> None:
+        cursor.module_stack.pop()
+
+    handles = []
+    for name, module in model.named_modules():
+        name = name or ROOT_MODULE_LABEL
+        handles.append(module.register_forward_pre_hook(lambda _m, _a, name=name: enter(name)))
+        handles.append(module.register_forward_hook(lambda _m, _a, _o: leave()))
+    return handles
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else "no message"

@@ -1,0 +1,84 @@
+"""cuDNN workspaces put into the traced event sequence, where a CUDA step allocates them.
+
+The trace runs CPU kernels, which allocate no cuDNN workspace. At each traced convolution
+this inserts what cuDNN would allocate through the caching allocator, sized by the
+environment profile's ``WorkspaceModel``: forward, output then workspace; backward, the
+input gradient then its workspace, the weight gradient then its workspace
+(``cudnn_convolution_backward``'s order). With ``cudnn.benchmark`` the first call of each
+signature first allocates the buffer the plan search times candidates in, after which
+PyTorch empties the allocator's cache (``Conv_v8.cpp``, ``run_single_conv``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from memcalc.trace.cudnn_workspace import ConvCall, ConvKind, WorkspaceModel
+
+_CONV = "convolution"
+_CONV_BACKWARD = "convolution_backward"
+
+
+def _channels_last(tensor: torch.Tensor) -> bool:
+    formats = {4: torch.channels_last, 5: torch.channels_last_3d}
+    memory_format = formats.get(tensor.dim())
+    return bool(memory_format and not tensor.is_contiguous()
+                and tensor.is_contiguous(memory_format=memory_format))
+
+
+def conv_call(kind: ConvKind, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, stride,
+              padding, dilation, groups: int, transposed, *, tf32: bool,
+              benchmark: bool) -> ConvCall:
+    """The cuDNN call a convolution op makes, from its tensors (real or fake) and arguments;
+    ``y`` is the forward's output (the output gradient in backward)."""
+    return ConvCall(kind=kind, input_shape=tuple(x.shape), weight_shape=tuple(weight.shape),
+                    output_shape=tuple(y.shape), stride=tuple(stride), padding=tuple(padding),
+                    dilation=tuple(dilation), groups=groups, transposed=bool(transposed),
+                    dtype=str(x.dtype).removeprefix("torch."), channels_last=_channels_last(x),
+                    tf32=tf32, benchmark=benchmark)
+
+
+class ConvWorkspaces:
+    """Op hook for ``StorageWatcher``: watches a convolution's outputs in cuDNN's order and
+    adds each call's workspace as a transient, optional allocation."""
+
+    def __init__(self, model: WorkspaceModel, transient: Callable[[int], None],
+                 empty_cache: Callable[[], None], *, benchmark: bool, tf32: bool) -> None:
+        self._model, self._transient, self._empty_cache = model, transient, empty_cache
+        self._benchmark, self._tf32 = benchmark, tf32
+        self._searched: set[ConvCall] = set()
+        self.calls = 0
+
+    def __call__(self, name: str, args: tuple, outputs, watch: Callable) -> bool:
+        """Handle one op; False when it is not a convolution (the watcher goes on as usual)."""
+        if name == _CONV:
+            watch(outputs)
+            x, weight, _bias, stride, padding, dilation, transposed = args[:7]
+            self._workspace(ConvKind.FORWARD, x, weight, outputs, stride, padding, dilation,
+                            args[8], transposed)
+            return True
+        if name != _CONV_BACKWARD:
+            return False
+        grad_output, x, weight, _sizes, stride, padding, dilation, transposed = args[:8]
+        groups = args[9]
+        grad_input, grad_weight, grad_bias = outputs
+        for kind, grad in ((ConvKind.DGRAD, grad_input), (ConvKind.WGRAD, grad_weight)):
+            if grad is not None:
+                watch(grad)
+                self._workspace(kind, x, weight, grad_output, stride, padding, dilation,
+                                groups, transposed)
+        if grad_bias is not None:
+            watch(grad_bias)
+        return True
+
+    def _workspace(self, kind, x, weight, y, stride, padding, dilation, groups, transposed):
+        call = conv_call(kind, x, weight, y, stride, padding, dilation, groups, transposed,
+                         tf32=self._tf32, benchmark=self._benchmark)
+        self.calls += 1
+        if self._benchmark and call not in self._searched:
+            self._searched.add(call)
+            self._transient(self._model.find_bytes(call))
+            self._empty_cache()
+        self._transient(self._model.workspace_bytes(call))
