@@ -19,7 +19,8 @@ import torchinfo
 from tests.fixtures.cpu_truth import spec_training_step
 from memcalc.model.source import resolve_model
 from memcalc.trace.precision import precision_policy
-from memcalc.specs import INPUT_DTYPES, TrainingSpec
+from memcalc.dtypes import INPUT_DTYPES
+from memcalc.specs import TrainingSpec
 
 
 def _meta_model_and_batch(spec: TrainingSpec, batch_shape: tuple[int, ...]):

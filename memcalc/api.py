@@ -15,7 +15,7 @@ from torch import nn
 
 from memcalc.errors import InputError, MemoryBudgetError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
-from memcalc.model.source import register_model_object
+from memcalc.model.source import model_reference
 from memcalc.pipeline import estimate as estimate_spec
 from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
@@ -26,9 +26,9 @@ ModelLike = str | nn.Module | Callable[..., nn.Module]
 FIXES_SHOWN = 3
 
 
-def training_spec(model: ModelLike, sample_shape: tuple[int, ...] | None = None,
+def training_spec(name: str, sample_shape: tuple[int, ...] | None = None,
                   **options: Any) -> TrainingSpec:
-    name = model if isinstance(model, str) else register_model_object(model)
+    """The spec for a model name (see ``model_reference`` for model objects)."""
     shape = tuple(sample_shape) if sample_shape is not None else None
     return TrainingSpec(model=name, sample_shape=shape, **options)
 
@@ -39,8 +39,9 @@ def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
     """Memory of one training step (and, with ``gpu``/``gpu_memory_bytes``, the largest batch;
     host RAM and DataLoader workers always). ``isolate=True`` traces in a child process with
     a ``timeout_s`` limit, so a crash in the model's code cannot kill a notebook kernel."""
-    spec = training_spec(model, sample_shape, batch_size=batch_size, **options)
-    return estimate_isolated(spec, timeout_s) if isolate else estimate_spec(spec)
+    with model_reference(model) as name:
+        spec = training_spec(name, sample_shape, batch_size=batch_size, **options)
+        return estimate_isolated(spec, timeout_s) if isolate else estimate_spec(spec)
 
 
 def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: str,
@@ -50,7 +51,8 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
     parallelism...) ranked; ``max_gpus`` bounds how many GPUs one may ask for."""
     cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
                           max_gpus=max_gpus)
-    return plan_strategies(training_spec(model, sample_shape, gpu=gpu, **options), cluster)
+    with model_reference(model) as name:
+        return plan_strategies(training_spec(name, sample_shape, gpu=gpu, **options), cluster)
 
 
 def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batch_size: int,
@@ -64,9 +66,10 @@ def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batc
     loader = dict(options.pop("loader", {}) or {})
     if num_workers is not None:
         loader["num_workers"] = num_workers
-    spec = training_spec(model, sample_shape, batch_size=batch_size, gpu=gpu,
-                         gpu_memory_bytes=gpu_memory_bytes, loader=loader, **options)
-    return check_spec(spec)
+    with model_reference(model) as name:
+        spec = training_spec(name, sample_shape, batch_size=batch_size, gpu=gpu,
+                             gpu_memory_bytes=gpu_memory_bytes, loader=loader, **options)
+        return check_spec(spec)
 
 
 def check_spec(spec: TrainingSpec) -> Report:

@@ -6,46 +6,36 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from memcalc.report.assumptions import assumptions
-from memcalc.report.assumptions import unsupported as unsupported_cuda_effects
-from memcalc.trace.checkpointing import repeated_blocks
 from memcalc.device.allocator_settings import AllocatorSettings
-from memcalc.device.estimate import static_device_report, traced_device_report
-from memcalc.device.env_profile import EnvProfile, resolve_profile
+from memcalc.device.batch_search import plan_batch
+from memcalc.device.estimate import DeviceTarget, static_device_report, traced_device_report
+from memcalc.device.env_profile import resolve_profile
+from memcalc.device.gpus import find_gpu
+from memcalc.device.report import DeviceReport, StaticEstimate
+from memcalc.device.static import layer_table, static_estimate
 from memcalc.errors import InputError, TraceError
-from memcalc.trace.flops import StepFlops, step_flops
-from memcalc.device.gpus import GpuSpec, find_gpu
+from memcalc.feed.sizing import HostInputs, host_and_throughput
 from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
-from memcalc.feed.sizing import host_and_throughput
 from memcalc.model.layout import CONV_TYPES, LayoutDecision, resolve_layout
 from memcalc.model.source import display_name, resolve_model
-from memcalc.trace.optimizers import optimizer_rule
-from memcalc.device.batch_search import PlanPoint, plan_batch
-from memcalc.trace.precision import precision_policy
-from memcalc.report.models import (
-    DeviceReport,
-    InputSummary,
-    ModelSummary,
-    Report,
-    StaticEstimate,
-)
+from memcalc.report.assumptions import assumptions, step_assumptions, step_unsupported
+from memcalc.report.models import InputSummary, ModelSummary, Report
+from memcalc.dtypes import INPUT_DTYPES
+from memcalc.specs import DeviceKind, OptimizerImpl, TrainingSpec
+from memcalc.trace.checkpointing import repeated_blocks
+from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
-from memcalc.specs import INPUT_DTYPES, DeviceKind, OptimizerImpl, TrainingSpec
-from memcalc.device.static import layer_table, static_estimate
+from memcalc.trace.optimizers import optimizer_rule
+from memcalc.trace.precision import precision_policy
 from memcalc.trace.tracer import StepSetup, trace_training_step
-from memcalc.units import format_bytes
-
 
 @dataclass
 class _Prepared:
-    """Everything about the step that does not depend on the batch size."""
+    """Everything about the step that does not depend on the batch size, and the reports
+    made so far (each batch traced once)."""
 
-    spec: TrainingSpec
-    gpu: GpuSpec | None
-    profile: EnvProfile
-    usable_bytes: int | None
-    """Capacity minus headroom (None when no GPU or memory size is given)."""
+    target: DeviceTarget
     model: torch.nn.Module
     layout: LayoutDecision
     setup: StepSetup
@@ -53,44 +43,59 @@ class _Prepared:
     leaf_output_elements: int | None
     sample_shape: tuple[int, ...]
     input_dtype_name: str
+    layers: list
+    table_error: str | None
+    statics: dict[int, StaticEstimate] = field(default_factory=dict)
     reports: dict[int, DeviceReport] = field(default_factory=dict)
     output_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    trace_error: str | None = None
+    trace_errors: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> TrainingSpec:
+        return self.target.spec
 
     def static_at(self, batch_size: int) -> StaticEstimate:
-        setup = self.setup
-        return static_estimate(self.model, (batch_size, *self.layout.traced_sample_shape),
-                               setup.batch_dtype, setup.policy, setup.optimizer)
+        if batch_size not in self.statics:
+            setup = self.setup
+            self.statics[batch_size] = static_estimate(
+                self.model, (batch_size, *self.layout.traced_sample_shape), setup.batch_dtype,
+                setup.policy, setup.optimizer)
+        return self.statics[batch_size]
 
     def device_report(self, batch_size: int) -> DeviceReport:
-        """Traced once per batch size; static for every batch once a trace has failed."""
+        """Traced once per batch size; static where tracing is known to fail."""
         if batch_size not in self.reports:
             self.reports[batch_size] = self._report(batch_size)
         return self.reports[batch_size]
 
-    def flops_at(self, batch_size: int) -> StepFlops:
-        """FLOPs of one forward + loss + backward (recomputation included when checkpointing);
-        TraceError when the model cannot run on fake tensors."""
-        setup = replace(self.setup, batch_shape=(batch_size, *self.layout.traced_sample_shape))
-        try:
-            return step_flops(setup)
-        except Exception as error:   # the user's model may raise anything on fake tensors
-            raise TraceError(f"FLOPs could not be counted: {type(error).__name__}: "
-                             f"{error}") from error
+    def trace_error_at(self, batch_size: int) -> str | None:
+        """Why the report at ``batch_size`` is static (None when it is traced)."""
+        if self.device_report(batch_size).method == "traced":
+            return None
+        return self.trace_errors.get(batch_size) or next(iter(self.trace_errors.values()))
+
+    def _should_trace(self, batch_size: int) -> bool:
+        """A model that failed at some batch is not traced again at that batch or below (a
+        model that needs a larger batch, e.g. BatchNorm over a 1×1 map at batch 1, still
+        traces above it), nor at all when it has never traced."""
+        if not self.trace_errors:
+            return True
+        traced_before = any(report.method == "traced" for report in self.reports.values())
+        return traced_before and all(batch_size > failed for failed in self.trace_errors)
 
     def _report(self, batch_size: int) -> DeviceReport:
-        if self.trace_error is None:
+        if self._should_trace(batch_size):
             setup = replace(self.setup, batch_shape=(batch_size, *self.layout.traced_sample_shape))
             try:
                 trace = trace_training_step(setup)
                 self.output_shapes[batch_size] = trace.output_shape
-                return traced_device_report(self.spec, batch_size, trace, self.gpu,
-                                            self.profile, self.usable_bytes)
+                return traced_device_report(self.target, batch_size, trace)
             except TraceError as error:
-                self.trace_error = str(error)
-        return static_device_report(self.spec, batch_size, self.static_at(batch_size),
-                                    self.leaf_output_elements, self.setup.policy.parameter_dtype,
-                                    self.has_conv, self.profile)
+                self.trace_errors[batch_size] = str(error)
+        return static_device_report(
+            self.target, self.static_at(batch_size), batch_size=batch_size,
+            leaf_output_elements=self.leaf_output_elements,
+            dtype=self.setup.policy.parameter_dtype, uses_conv=self.has_conv)
 
 
 def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
@@ -99,77 +104,54 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
     With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it)."""
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
-    prepared, layers, table_error = _prepare(spec, measurement)
-    capacity = spec.gpu_memory_bytes or (prepared.gpu.memory_bytes if prepared.gpu else None)
-    headroom = int(capacity * spec.headroom_fraction) if capacity else 0
-    plan = (plan_batch(lambda b: prepared.device_report(b).total_bytes, capacity - headroom,
-                       lambda b: prepared.device_report(b).fits)
-            if capacity else None)
-    if plan is not None:
-        plan = plan.model_copy(update={"points": [_with_phases(point, prepared.device_report(
-            point.batch_size)) for point in plan.points]})
+    prepared = _prepare(spec, measurement)
+    usable = prepared.target.usable_bytes
+    plan = plan_batch(prepared.device_report, usable)[0] if usable is not None else None
     batch_size = spec.batch_size or (plan.max_batch_size if plan and plan.max_batch_size else 1)
-    device = prepared.device_report(batch_size).model_copy(
-        update=dict(capacity_bytes=capacity, headroom_bytes=headroom, plan=plan))
-
-    unsupported = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
-    blocks = prepared.setup.checkpoint_blocks
-    if spec.activation_checkpointing and not blocks:
-        unsupported.append("activation checkpointing: no repeated blocks found, not applied")
-    extra_assumptions = ([f"activation checkpointing (non-reentrant) of {len(blocks)} repeated "
-                          f"blocks: {blocks[0]} … {blocks[-1]}"] if blocks else [])
-    if spec.spatial_parts > 1:
-        extra_assumptions.append(
-            f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "
-            f"every sample (input {prepared.layout.traced_sample_shape}), its padded convolutions "
-            f"and pools receive halo rows from both neighbours ({format_bytes(device.halo_exchange_bytes)} "
-            "per iteration); weights replicated, their gradients all-reduced (buckets not "
-            "counted here)")
-    if spec.offload_activations:
-        extra_assumptions.append(
-            f"activations offloaded as save_on_cpu does: every saved tensor copied to pinned "
-            f"host memory ({format_bytes(device.offloaded_bytes)} per iteration) and back in "
-            "backward; the copies' time is not modelled")
-    if prepared.trace_error:
-        unsupported.append(f"traced step: {prepared.trace_error}; the device figure is a STATIC "
-                           "estimate (model states, input, layer outputs once), not a trace")
-    layout, setup = prepared.layout, prepared.setup
+    device = prepared.device_report(batch_size)
+    if plan is not None:
+        device = device.model_copy(update={"plan": plan})
     static = prepared.static_at(batch_size)
-    host, throughput = host_and_throughput(
-        spec, prepared.sample_shape, prepared.input_dtype_name, batch_size, static, device,
-        prepared.gpu, prepared.flops_at, measurement, progress)
+    host, throughput = host_and_throughput(HostInputs(
+        spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
+        prepared.target.gpu, measurement), progress)
+    return _report(prepared, device, static, host, throughput)
+
+
+def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, host,
+            throughput) -> Report:
+    spec, layout, setup = prepared.spec, prepared.layout, prepared.setup
+    blocks = setup.checkpoint_blocks
     return Report(
-        spec=spec, gpu=prepared.gpu, model=_model_summary(spec, prepared.model, layers),
+        spec=spec, gpu=prepared.target.gpu,
+        model=_model_summary(spec, prepared.model, prepared.layers),
         input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
-                           traced_batch_shape=(batch_size, *layout.traced_sample_shape),
+                           traced_batch_shape=(device.batch_size, *layout.traced_sample_shape),
                            dtype=str(setup.batch_dtype).removeprefix("torch."),
-                           output_shape=prepared.output_shapes.get(batch_size)),
+                           output_shape=prepared.output_shapes.get(device.batch_size)),
         static=static, device=device,
-        assumptions=assumptions(spec, prepared.gpu, prepared.profile,
+        assumptions=assumptions(spec, prepared.target.gpu, prepared.target.profile,
                                 model_has_conv=prepared.has_conv,
                                 foreach=setup.foreach, traced=device.method == "traced")
-        + extra_assumptions,
-        unsupported=unsupported + unsupported_cuda_effects(spec), host=host,
-        throughput=throughput,
+        + step_assumptions(spec, checkpoint_blocks=blocks,
+                           traced_sample_shape=layout.traced_sample_shape,
+                           halo_exchange_bytes=device.halo_exchange_bytes,
+                           offloaded_bytes=device.offloaded_bytes),
+        unsupported=step_unsupported(spec, checkpoint_blocks=blocks,
+                                     table_error=prepared.table_error,
+                                     trace_error=prepared.trace_error_at(device.batch_size)),
+        host=host, throughput=throughput,
     )
 
 
-def _with_phases(point: PlanPoint, device: DeviceReport) -> PlanPoint:
-    return point.model_copy(update={
-        "allocated_bytes": device.peak_allocated_bytes,
-        "compute_peak_bytes": device.compute_peak_bytes,
-        "optimizer_peak_bytes": device.optimizer_peak_bytes})
-
-
-def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
-             ) -> tuple[_Prepared, list, str | None]:
+def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None) -> _Prepared:
     gpu = find_gpu(spec.gpu) if spec.gpu else None
     if (gpu or spec.gpu_memory_bytes) and spec.device is not DeviceKind.CUDA:
         raise InputError("--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda")
     profile = resolve_profile(spec.env_profile, gpu)
     AllocatorSettings.from_conf(spec.allocator_conf)  # a bad setting fails here, once
     capacity = spec.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
-    usable = capacity - int(capacity * spec.headroom_fraction) if capacity else None
+    headroom = int(capacity * spec.headroom_fraction) if capacity else 0
     source = resolve_model(spec.model, spec.model_args)
     model = source.build_meta()
     measured_shape = tuple(measurement.sample_shape) if measurement else None
@@ -201,9 +183,9 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None
     layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
-    prepared = _Prepared(spec, gpu, profile, usable, model, layout, setup, has_conv,
-                         leaf_output_elements, sample_shape, dtype_name)
-    return prepared, layers, table_error
+    return _Prepared(DeviceTarget(spec, gpu, profile, capacity, headroom), model, layout, setup,
+                     has_conv, leaf_output_elements, sample_shape, dtype_name, layers,
+                     table_error)
 
 
 def _spatial_split(spec: TrainingSpec, model: torch.nn.Module,
@@ -246,10 +228,15 @@ def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelS
 
 
 def training_flops(spec: TrainingSpec, batch_size: int = 1) -> int:
-    """FLOPs of one forward + loss + backward at ``batch_size`` (``_Prepared.flops_at``)."""
+    """FLOPs of one forward + loss + backward at ``batch_size``."""
     return training_step_flops(spec, batch_size).total
 
 
 def training_step_flops(spec: TrainingSpec, batch_size: int = 1) -> StepFlops:
-    """The same FLOPs with their convolution share."""
-    return _prepare(spec, None)[0].flops_at(batch_size)
+    """The same FLOPs with their convolution share, from the traced step at ``batch_size``;
+    TraceError when the model cannot be traced."""
+    prepared = _prepare(spec, None)
+    flops = prepared.device_report(batch_size).flops
+    if flops is None:
+        raise TraceError(f"FLOPs could not be counted: {prepared.trace_error_at(batch_size)}")
+    return flops

@@ -5,23 +5,30 @@ from __future__ import annotations
 from enum import Enum
 from typing import Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from memcalc.device.cuda_overheads import ModuleLoading
-from memcalc.feed.model import FeedSpec
-from memcalc.host.specs import LoaderSpec, MachineSpec
-from memcalc.trace.optimizers import optimizer_names
+from memcalc.dtypes import INPUT_DTYPES
+from memcalc.host.specs import LoaderSpec, MachineSpec, check_workers_within_cpus
 
-INPUT_DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "uint8": torch.uint8,
-}
+class ModuleLoading(str, Enum):
+    """``CUDA_MODULE_LOADING``: PyTorch ≥ 1.13 sets LAZY when CUDA ≥ 11.7 (pytorch#86509)."""
+
+    LAZY = "lazy"
+    EAGER = "eager"
+
+
+class FeedSpec(BaseModel):
+    """How long a step takes and how long a sample takes to load, when known."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    step_time_s: float | None = Field(default=None, gt=0)
+    """GPU time of one training step; None: from FLOPs and the catalog (needs --gpu)."""
+    mfu: float = Field(default=0.4, gt=0, le=1)
+    sample_time_s: float | None = Field(default=None, gt=0)
+    """CPU time to load and transform one sample; None: measured with --dataset."""
+    read_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
+    """Storage read rate, when only the sample shape is known (I/O-bound estimate)."""
 
 
 class Precision(str, Enum):
@@ -142,19 +149,9 @@ class TrainingSpec(BaseModel):
             raise ValueError(f"unknown input dtype {name!r}; accepted: {', '.join(INPUT_DTYPES)}")
         return name
 
-    @field_validator("optimizer")
-    @classmethod
-    def _known_optimizer(cls, name: str) -> str:
-        if name not in optimizer_names():
-            raise ValueError(f"unknown optimizer {name!r}; accepted: {', '.join(optimizer_names())}")
-        return name
-
     @model_validator(mode="after")
     def _workers_within_cpus(self) -> TrainingSpec:
-        workers = self.loader.num_workers
-        if self.machine is not None and workers is not None and workers > self.machine.cpus:
-            raise ValueError(f"--num-workers {workers} is more than the {self.machine.cpus} CPUs "
-                             "of the machine; use at most that many, or give --cpus")
+        check_workers_within_cpus(self.loader, self.machine)
         return self
 
     def with_changes(self, **changes: Any) -> TrainingSpec:

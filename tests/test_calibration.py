@@ -51,7 +51,8 @@ def test_searches_and_plans_are_fitted_apart():
 
 def test_build_profile_splits_cublas_workspaces_per_handle():
     h100 = builtin_profile("h100-torch2.11-cu130.json")
-    profile = build_profile("x", "test", {}, h100.floor, 64 << 20, 2, h100.cudnn, 480 << 20)
+    profile = build_profile("x", "test", {}, h100.floor, cublas_workspace_total_bytes=64 << 20,
+                            cublas_handles=2, cudnn=h100.cudnn, driver_reserved_bytes=480 << 20)
     assert profile.cublas_workspace_bytes == 32 << 20 and profile.driver_reserved_bytes == 480 << 20
 
 

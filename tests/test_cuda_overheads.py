@@ -1,13 +1,13 @@
 from memcalc.device.allocator import replay
 from memcalc.device.cuda_overheads import (
     EAGER_CONTEXT,
-    ModuleLoading,
     context_bytes,
     cublas_workspace_bytes,
     workspace_allocations,
 )
 from memcalc.device.env_profile import builtin_profile
 from memcalc.device.gpus import find_gpu
+from memcalc.specs import ModuleLoading
 
 MIB = 2**20
 GENERIC = builtin_profile("generic.json")

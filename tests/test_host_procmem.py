@@ -20,7 +20,9 @@ def test_pss_grows_by_what_is_allocated_and_touched():
     block = bytearray(64 * MIB)          # zero-filled: every page touched
     after = process_memory(os.getpid())
     assert abs((after.pss_bytes - before.pss_bytes) - 64 * MIB) < 4 * MIB
-    assert after.uss_bytes - before.uss_bytes > 60 * MIB
+    # USS also moves when other pages of this process turn shared or private meanwhile (a
+    # fork elsewhere in the suite, a freed arena): the block must show, not to the MiB
+    assert after.uss_bytes - before.uss_bytes > 48 * MIB
     del block
 
 

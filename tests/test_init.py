@@ -16,5 +16,5 @@ def test_library_estimate_matches_the_spec_pipeline():
 def test_bad_spec_values_are_rejected_by_name():
     with pytest.raises(ValidationError, match="sample shape dimensions must be positive"):
         memcalc.estimate("mlp", (0,))
-    with pytest.raises(ValidationError, match="unknown optimizer 'lamb'"):
+    with pytest.raises(memcalc.InputError, match="unknown optimizer 'lamb'"):
         memcalc.estimate("mlp", optimizer="lamb")

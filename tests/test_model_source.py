@@ -28,3 +28,22 @@ def test_bad_references(reference, message):
 def test_builder_argument_errors_name_the_model():
     with pytest.raises(ModelSourceError, match=r"model 'mlp' rejected its arguments"):
         resolve_model("mlp", {"width": 3}).build_meta()
+
+
+def test_a_model_object_is_not_kept_alive_after_the_call():
+    import gc
+    import weakref
+
+    import memcalc
+    from memcalc.pipeline import estimate
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    alive = weakref.ref(model)
+    report = memcalc.estimate(model, (16,), batch_size=2, device="cpu",
+                              machine={"cpus": 2, "ram_bytes": 8 << 30})
+    del model
+    gc.collect()
+    assert alive() is None
+    # the report's spec names the object, which is gone: a clear error, not another model
+    with pytest.raises(ModelSourceError, match="passed to an earlier call"):
+        estimate(report.spec)

@@ -4,6 +4,7 @@ import pytest
 import torch
 from torch import nn
 
+from memcalc.errors import InputError
 from memcalc.trace.optimizers import optimizer_names, optimizer_rule, register_optimizer
 
 
@@ -31,5 +32,5 @@ def test_double_registration_is_an_error():
 
 
 def test_unknown_optimizer_lists_the_accepted_names():
-    with pytest.raises(KeyError, match="accepted: sgd, sgd-momentum, adam"):
+    with pytest.raises(InputError, match="accepted: sgd, sgd-momentum, adam"):
         optimizer_rule("lamb")

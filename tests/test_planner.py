@@ -1,8 +1,24 @@
+from types import SimpleNamespace
+
 import pytest
 
-from memcalc.device.batch_search import plan_batch
+from memcalc.device.batch_search import plan_batch as search
 
 USABLE = 80 * 2**30
+
+
+def _report(total: int, fits: bool | None = None) -> SimpleNamespace:
+    """The fields of a DeviceReport the search reads."""
+    return SimpleNamespace(total_bytes=total, fits=fits, peak_allocated_bytes=total // 2,
+                           compute_peak_bytes=total // 3, optimizer_peak_bytes=total // 4)
+
+
+def plan_batch(total_at, usable, fits_at=None):
+    """The search over reports whose totals (and verdicts) come from the given functions."""
+    plan, reports = search(lambda b: _report(total_at(b), fits_at(b) if fits_at else None),
+                           usable)
+    assert sorted(reports) == [point.batch_size for point in plan.points]
+    return plan
 
 
 def _largest_fitting(total_at, usable, limit=100_000):
@@ -55,3 +71,11 @@ def test_a_fit_predicate_decides_over_the_totals():
     plan = plan_batch(lambda b: 10 * b, 100, lambda b: b <= 12)
     assert plan.max_batch_size == 12 and plan.confirmed
     assert {p.batch_size: p.fits for p in plan.points}[12] is True
+
+
+def test_each_point_keeps_the_phase_peaks_of_its_report():
+    plan = plan_batch(lambda b: 2**30 + b * 2**28, USABLE)
+    for point in plan.points:
+        assert point.allocated_bytes == point.total_bytes // 2
+        assert point.compute_peak_bytes == point.total_bytes // 3
+        assert point.optimizer_peak_bytes == point.total_bytes // 4

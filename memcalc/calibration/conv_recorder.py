@@ -13,7 +13,7 @@ import torch
 
 from memcalc.trace._torch_internals import OpInterceptor, conv_backend_name
 from memcalc.trace.cudnn_workspace import ConvCall, ConvKind, MeasuredConv
-from memcalc.trace.workspaces import conv_call
+from memcalc.trace.workspaces import ConvGeometry, conv_call
 
 _ATEN = torch.ops.aten
 _CUDNN = torch.backends.cudnn
@@ -62,31 +62,29 @@ class ConvRecorder:
         return func(*args, **kwargs)
 
     def _forward(self, func, args, kwargs):
-        x, w, bias, stride, padding, dilation, transposed, output_padding, groups = args[:9]
+        x, w, bias = args[:3]
+        geometry = ConvGeometry.of_forward(args)
         output, call = self._measure(ConvKind.FORWARD, lambda: func(*args, **kwargs))
-        self._add(call, ConvKind.FORWARD, x, w, output, stride, padding, dilation, groups,
-                  transposed, backend=conv_backend_name(x, w, bias, stride, padding, dilation,
-                                                        transposed, output_padding, groups))
+        self._add(call, ConvKind.FORWARD, (x, w, output), geometry,
+                  conv_backend_name(x, w, bias, geometry))
         return output
 
     def _backward(self, func, args, kwargs):
-        grad_out, x, w, bias_sizes, stride, padding, dilation, transposed, out_pad, groups = args[:10]
+        grad_out, x, w = args[:3]
+        geometry = ConvGeometry.of_backward(args)
         mask = list(args[10])
-        backend = conv_backend_name(x, w, None, stride, padding, dilation, transposed, out_pad,
-                                    groups)
+        backend = conv_backend_name(x, w, None, geometry)
         results: list = [None, None, None]
         if mask[0]:
             grads, call = self._measure(ConvKind.DGRAD, lambda: func(*args[:10], [True, False, False]))
             results[0] = grads[0]
-            self._add(call, ConvKind.DGRAD, x, w, grad_out, stride, padding, dilation, groups,
-                      transposed, backend)
+            self._add(call, ConvKind.DGRAD, (x, w, grad_out), geometry, backend)
         if mask[1] or mask[2]:
             grads, call = self._measure(ConvKind.WGRAD,
                                         lambda: func(*args[:10], [False, mask[1], mask[2]]))
             results[1], results[2] = grads[1], grads[2]
             if mask[1]:
-                self._add(call, ConvKind.WGRAD, x, w, grad_out, stride, padding, dilation,
-                          groups, transposed, backend)
+                self._add(call, ConvKind.WGRAD, (x, w, grad_out), geometry, backend)
         return tuple(results)
 
     def _measure(self, kind: ConvKind, call):
@@ -96,10 +94,11 @@ class ConvRecorder:
         after = torch.cuda.memory_stats()
         return output, _transients(before, after)
 
-    def _add(self, measured: dict, kind, x, w, y, stride, padding, dilation, groups, transposed,
+    def _add(self, measured: dict, kind: ConvKind, tensors: tuple, geometry: ConvGeometry,
              backend: str) -> None:
-        call = conv_call(kind, x, w, y, stride, padding, dilation, groups, transposed,
-                         tf32=_CUDNN.allow_tf32, benchmark=_CUDNN.benchmark)
+        """``tensors``: input, weight and output (the output gradient in backward)."""
+        call = conv_call(kind, *tensors, geometry, tf32=_CUDNN.allow_tf32,
+                         benchmark=_CUDNN.benchmark)
         first = call not in self._seen
         self._seen.add(call)
         self.records.append(MeasuredConv(call=call, backend=backend, iteration=self.iteration,

@@ -36,7 +36,7 @@ def workspace_model(plans: list[MeasuredConv], finds: list[MeasuredConv]) -> Wor
     return WorkspaceModel(rules=fit_rules(plan_samples), find_rules=fit_rules(find_samples))
 
 
-def build_profile(name: str, source: str, versions: dict[str, str], floor: LibraryFloor,
+def build_profile(name: str, source: str, versions: dict[str, str], floor: LibraryFloor, *,
                   cublas_workspace_total_bytes: int, cublas_handles: int,
                   cudnn: WorkspaceModel, driver_reserved_bytes: int = 0) -> EnvProfile:
     """``cublas_workspace_total_bytes``: what stays allocated after a matmul forward and

@@ -204,8 +204,9 @@ def feed(ctx, dataset, step_time, batch_size, worker_list, batches, cpus, as_jso
         with worker_progress(not as_json) as progress:
             sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
                                     progress=progress)
-            result = feed_check(dataset, batch_size, step_time, counts, sample.seconds_per_sample,
-                                cpus or detect_machine().cpus, batches)
+            result = feed_check(dataset, batch_size, step_time, counts,
+                                seconds_per_sample=sample.seconds_per_sample,
+                                cpus=cpus or detect_machine().cpus, batches=batches)
         if as_json:
             click.echo(result.model_dump_json(indent=2))
         else:

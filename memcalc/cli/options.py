@@ -15,24 +15,23 @@ from memcalc.cli.types import (
     SizeType,
     enum_choice,
 )
-from memcalc.device.cuda_overheads import ModuleLoading
-from memcalc.feed.model import FeedSpec
 from memcalc.host.machine import machine_from_options
 from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
 from memcalc.trace.optimizers import optimizer_names
+from memcalc.dtypes import DTYPES, INPUT_DTYPES
 from memcalc.specs import (
-    INPUT_DTYPES,
     DeviceKind,
+    FeedSpec,
     Layout,
     LossKind,
+    ModuleLoading,
     OptimizerImpl,
     Precision,
     TrainingSpec,
 )
 from memcalc.units import format_bytes
 
-_DTYPE_NAMES = ["float32", "float16", "bfloat16", "float64", "int64", "int32", "int16", "uint8",
-                "int8", "bool"]
+_DTYPE_NAMES = list(DTYPES)
 
 HOST_OPTIONS = [
     click.option("--sample-dtype", type=click.Choice(_DTYPE_NAMES),

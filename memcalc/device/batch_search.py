@@ -1,6 +1,7 @@
-"""The batch-size planner: the largest batch whose predicted total fits the usable memory.
+"""The batch search: the largest batch whose step runs in the usable memory.
 
-Pure search over a function ``total_at(batch) -> bytes`` (one traced step per call). Two
+Pure search over a function ``report_at(batch) -> DeviceReport`` (one traced step per call;
+its ``fits`` decides, its total steers). Two
 traces fit ``total(b) = model_bytes + b * per_sample_bytes``; the solved batch is then
 confirmed by tracing it and the next one up, and the search walks (secant steps, then
 bisection) until a traced batch fits and the next one does not.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from pydantic import BaseModel, ConfigDict
+from memcalc.device.report import BatchPlan, DeviceReport, PlanPoint
 
 FIT_BATCHES = (1, 8)
 MAX_TRACES = 20
@@ -18,63 +19,34 @@ GROWTH = 8   # batch multiplier while the totals are still flat (no ceiling foun
 MAX_BATCH = 1 << 24
 
 
-class PlanPoint(BaseModel):
-    """One traced batch size and its predicted total."""
+def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int
+               ) -> tuple[BatchPlan, dict[int, DeviceReport]]:
+    """Find the largest batch that fits, and return every report made on the way.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    batch_size: int
-    total_bytes: int
-    fits: bool
-    allocated_bytes: int | None = None
-    """Live tensor bytes + workspaces at the peak (what the allocator reserves for)."""
-    compute_peak_bytes: int | None = None
-    """Live tensor bytes at the forward/backward peak; the strategy planner's rising line."""
-    optimizer_peak_bytes: int | None = None
-    """Live tensor bytes at the optimizer-step peak; the flat line."""
-
-
-class BatchPlan(BaseModel):
-    """The fitted linear model and the confirmed largest batch (0 when batch 1 does not fit)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    usable_bytes: int
-    model_bytes: int
-    per_sample_bytes: int
-    fit_batches: tuple[int, int]
-    """The traced batches the line goes through: 1 and 8, or 1 and the planned batch."""
-    max_batch_size: int
-    confirmed: bool
-    """True when the planned batch fits and the next one up does not, both traced."""
-    points: list[PlanPoint]
-
-
-def plan_batch(total_at: Callable[[int], int], usable_bytes: int,
-               fits_at: Callable[[int], bool | None] | None = None) -> BatchPlan:
-    """Find the largest batch that fits: ``fits_at(batch)`` when given (the allocator
-    replayed with the usable bytes as its limit), else ``total_at(batch) <= usable_bytes``.
-    Totals steer the search either way."""
+    A batch fits when its report says so (the allocator replayed with the usable bytes as
+    its limit), else when its total is within ``usable_bytes``. Totals steer the search."""
+    reports: dict[int, DeviceReport] = {}
     totals: dict[int, int] = {}
     fitting: dict[int, bool] = {}
 
     def measure(batch: int) -> int:
         if batch not in totals:
-            totals[batch] = total_at(batch)
-            verdict = fits_at(batch) if fits_at else None
-            fitting[batch] = totals[batch] <= usable_bytes if verdict is None else verdict
+            reports[batch] = report = report_at(batch)
+            totals[batch] = report.total_bytes
+            fitting[batch] = totals[batch] <= usable_bytes if report.fits is None else report.fits
         return totals[batch]
 
     small, large = FIT_BATCHES
     measure(large)
     measure(small)
     if not fitting[small]:
-        return _plan(usable_bytes, (small, large), 0, True, totals, fitting)
+        return _plan(usable_bytes, (small, large), 0, True, reports, fitting), reports
     best = _search(measure, totals, fitting, usable_bytes)
     confirmed = best + 1 in totals and not fitting[best + 1]
     # Near the answer the allocator rounds every large tensor to its own segment, so the
     # line through batch 1 and the planned batch describes the operating range best.
-    return _plan(usable_bytes, (small, max(large, best)), best, confirmed, totals, fitting)
+    fit_batches = (small, max(large, best))
+    return _plan(usable_bytes, fit_batches, best, confirmed, reports, fitting), reports
 
 
 def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict[int, bool],
@@ -119,11 +91,16 @@ def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
     return max(fitting + 1, min(guess, ceiling - 1))
 
 
-def _plan(usable_bytes, fit_batches, best, confirmed, totals, fitting) -> BatchPlan:
+def _plan(usable_bytes: int, fit_batches: tuple[int, int], best: int, confirmed: bool,
+          reports: dict[int, DeviceReport], fitting: dict[int, bool]) -> BatchPlan:
     batch_a, batch_b = fit_batches
-    per_sample = max(0, round((totals[batch_b] - totals[batch_a]) / (batch_b - batch_a)))
-    points = [PlanPoint(batch_size=batch, total_bytes=total, fits=fitting[batch])
-              for batch, total in sorted(totals.items())]
-    return BatchPlan(usable_bytes=usable_bytes, model_bytes=totals[batch_a] - batch_a * per_sample,
+    total_a, total_b = reports[batch_a].total_bytes, reports[batch_b].total_bytes
+    per_sample = max(0, round((total_b - total_a) / (batch_b - batch_a)))
+    points = [PlanPoint(batch_size=batch, total_bytes=report.total_bytes, fits=fitting[batch],
+                        allocated_bytes=report.peak_allocated_bytes,
+                        compute_peak_bytes=report.compute_peak_bytes,
+                        optimizer_peak_bytes=report.optimizer_peak_bytes)
+              for batch, report in sorted(reports.items())]
+    return BatchPlan(usable_bytes=usable_bytes, model_bytes=total_a - batch_a * per_sample,
                      per_sample_bytes=per_sample, fit_batches=fit_batches, max_batch_size=best,
                      confirmed=confirmed, points=points)

@@ -12,19 +12,12 @@ a profile's floor holds for the driver, CUDA and libraries it was measured with.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
+from memcalc.specs import ModuleLoading
 
 MIB = 1 << 20
-
-
-class ModuleLoading(str, Enum):
-    """``CUDA_MODULE_LOADING``: PyTorch ≥ 1.13 sets LAZY when CUDA ≥ 11.7 (pytorch#86509)."""
-
-    LAZY = "lazy"
-    EAGER = "eager"
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from memcalc.device.allocator_settings import AllocatorSettings
+from dataclasses import dataclass
+
 from memcalc.device.allocator import replay
+from memcalc.device.allocator_settings import AllocatorSettings
 from memcalc.device.cuda_overheads import context_bytes, workspace_allocations
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
-from memcalc.report.models import (
+from memcalc.device.report import (
     Breakdown,
     DeviceReport,
     ModuleActivation,
@@ -17,7 +19,7 @@ from memcalc.report.models import (
     TimelinePoint,
 )
 from memcalc.specs import DeviceKind, TrainingSpec
-from memcalc.device.static import element_size
+from memcalc.dtypes import element_size
 from memcalc.trace.tracer import TraceResult
 
 TOP_MODULES = 10
@@ -29,11 +31,28 @@ CONV_OPS = frozenset({"convolution", "_convolution", "mkldnn_convolution", "conv
                       "_slow_conv2d_forward", "slow_conv3d_forward", "cudnn_convolution"})
 
 
-def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult,
-                         gpu: GpuSpec | None, profile: EnvProfile,
-                         usable_bytes: int | None = None) -> DeviceReport:
+@dataclass(frozen=True)
+class DeviceTarget:
+    """The device an estimate is for: the job, the card (if named), its environment profile
+    and the memory planned for."""
+
+    spec: TrainingSpec
+    gpu: GpuSpec | None
+    profile: EnvProfile
+    capacity_bytes: int | None = None
+    """``--gpu-memory`` or the card's memory; None when neither is given."""
+    headroom_bytes: int = 0
+
+    @property
+    def usable_bytes(self) -> int | None:
+        return None if self.capacity_bytes is None else self.capacity_bytes - self.headroom_bytes
+
+
+def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult
+                         ) -> DeviceReport:
     """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context,
-    and with ``usable_bytes`` (capacity minus headroom) whether the step runs in it."""
+    and with a capacity whether the step runs in capacity minus headroom."""
+    spec, gpu, profile, usable_bytes = target.spec, target.gpu, target.profile, target.usable_bytes
     ledger = trace.ledger
     per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
                         key=lambda item: (-item[1], item[0]))
@@ -73,17 +92,20 @@ def traced_device_report(spec: TrainingSpec, batch_size: int, trace: TraceResult
         timeline=[TimelinePoint(event=event, live_bytes=live, phase=phase, iteration=iteration)
                   for event, live, phase, iteration in ledger.timeline()],
         peak_iteration=peak_record.iteration if peak_record else None,
+        flops=trace.flops, capacity_bytes=target.capacity_bytes,
+        headroom_bytes=target.headroom_bytes,
         **cuda_fields,
     )
 
 
-def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEstimate,
+def static_device_report(target: DeviceTarget, static: StaticEstimate, *, batch_size: int,
                          leaf_output_elements: int | None, dtype: torch.dtype,
-                         uses_conv: bool, profile: EnvProfile) -> DeviceReport:
+                         uses_conv: bool) -> DeviceReport:
     """Model states + input + every leaf layer's output once (a lower bound on activations).
 
     ``static`` is counted at ``batch_size``; the leaf outputs are per sample.
     """
+    spec, profile = target.spec, target.profile
     activations = (leaf_output_elements or 0) * batch_size * element_size(dtype)
     on_cuda = spec.device is DeviceKind.CUDA
     return DeviceReport(
@@ -102,4 +124,5 @@ def static_device_report(spec: TrainingSpec, batch_size: int, static: StaticEsti
         context_bytes=(context_bytes(profile, spec.cuda_module_loading, uses_matmul=True,
                                      uses_conv=uses_conv) if on_cuda else 0),
         env_profile=profile.name if on_cuda else None,
+        capacity_bytes=target.capacity_bytes, headroom_bytes=target.headroom_bytes,
     )

@@ -6,16 +6,13 @@ import torch
 import torchinfo
 from torch import nn
 
+from memcalc.device.report import LayerRow, StaticEstimate
+from memcalc.dtypes import element_size
 from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
-from memcalc.report.models import LayerRow, StaticEstimate
 
 # Rows of the per-layer table kept in the report (deeper layers are still summed).
 LAYER_TABLE_DEPTH = 2
-
-
-def element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype, device="meta").element_size()
 
 
 def stored_dtype(tensor: torch.Tensor, policy: PrecisionPolicy) -> torch.dtype:

@@ -55,7 +55,7 @@ def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
     return batches * step_s / elapsed
 
 
-def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int],
+def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
                seconds_per_sample: float, cpus: int, batches: int = 20,
                progress: Callable[[int], None] | None = None) -> FeedCheck:
     dataset = import_callable(reference, "dataset")()

@@ -12,25 +12,11 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 TARGET_UTILIZATION = 0.95
 PIN_COPY_BYTES_PER_S = 8e9
 """Pageable → pinned host copy, one thread (memcpy bandwidth of one core)."""
-
-
-class FeedSpec(BaseModel):
-    """How long a step takes and how long a sample takes to load, when known."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    step_time_s: float | None = Field(default=None, gt=0)
-    """GPU time of one training step; None: from FLOPs and the catalog (needs --gpu)."""
-    mfu: float = Field(default=0.4, gt=0, le=1)
-    sample_time_s: float | None = Field(default=None, gt=0)
-    """CPU time to load and transform one sample; None: measured with --dataset."""
-    read_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)
-    """Storage read rate, when only the sample shape is known (I/O-bound estimate)."""
 
 
 class WorkerUtilization(BaseModel):
@@ -71,7 +57,7 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
     return min(bounds)
 
 
-def feeding_report(step_s: float, step_source: str, load_s: float, load_source: str,
+def feeding_report(step_s: float, step_source: str, load_s: float, load_source: str, *,
                    max_workers: int, cpus: int, batch_bytes: int, pin_memory: bool
                    ) -> ThroughputReport:
     """Utilisation per worker count; the smallest count reaching 95 % within ``max_workers``."""

@@ -13,6 +13,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, computed_field
 
+from memcalc.dtypes import dtype_bytes
 from memcalc.host.specs import HostSpec, StartMethod
 
 TORCH_PROCESS_BYTES = 218 << 20
@@ -25,10 +26,6 @@ CUDA_HOST_CONTEXT_BYTES = 1_500_000_000
 """Host RSS added by initialising CUDA in the main process (PyTorch issue #113326)."""
 
 HELD_BATCH = "batch being trained on"
-
-_DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8,
-                "int32": 4, "int16": 2, "uint8": 1, "int8": 1, "bool": 1}
-
 
 class HostTerm(BaseModel):
     """One line of the arithmetic: ``count × bytes_each``."""
@@ -48,19 +45,13 @@ class HostTerm(BaseModel):
         return self.bytes_each * self.count
 
 
-def dtype_size(name: str) -> int:
-    if name not in _DTYPE_SIZES:
-        raise ValueError(f"unknown dtype {name!r}; accepted: {', '.join(_DTYPE_SIZES)}")
-    return _DTYPE_SIZES[name]
-
-
 def pinned_block_bytes(nbytes: int) -> int:
     """The pinned host allocator hands out power-of-two blocks and caches them."""
     return 1 << max(0, math.ceil(math.log2(max(nbytes, 1))))
 
 
 def sample_bytes(spec: HostSpec) -> int:
-    return math.prod(spec.sample_shape) * dtype_size(spec.loader.sample_dtype or "float32")
+    return math.prod(spec.sample_shape) * dtype_bytes(spec.loader.sample_dtype or "float32")
 
 
 def batch_bytes(spec: HostSpec) -> int:
@@ -69,7 +60,7 @@ def batch_bytes(spec: HostSpec) -> int:
 
 def build_peak_bytes(spec: HostSpec, sample: int) -> int:
     """Bytes alive while one sample is built: decoded raw copy + intermediates + the sample."""
-    raw = (math.prod(spec.sample_shape) * dtype_size(spec.loader.raw_dtype)
+    raw = (math.prod(spec.sample_shape) * dtype_bytes(spec.loader.raw_dtype)
            if spec.loader.raw_dtype else 0)
     return raw + sample * (1 + spec.loader.transform_copies)
 

@@ -72,7 +72,7 @@ def measured_host_estimate(spec: HostSpec, measured: WorkerMeasurement | None = 
     heap is the likely cause, measure again with ``MALLOC_MMAP_THRESHOLD_`` set and report both."""
     if measured is None:
         measured = measure_worker(spec.loader, spec.batch_size, progress=progress)
-    spec = _with_sample(spec, measured)
+    spec = with_measured_sample(spec, measured)
     report = host_estimate(spec, measured)
     growth = measured.worker_peak_bytes - measured.worker_first_bytes
     if growth <= max(GROWTH_FLOOR_BYTES, measured.batch_bytes):
@@ -115,7 +115,8 @@ def _env_text() -> str:
     return " ".join(f"{key}={value}" for key, value in MALLOC_FIX_ENV.items())
 
 
-def _with_sample(spec: HostSpec, measured: WorkerMeasurement) -> HostSpec:
+def with_measured_sample(spec: HostSpec, measured: WorkerMeasurement) -> HostSpec:
+    """The spec with the sample shape and dtype the real worker produced."""
     loader = spec.loader.model_copy(update={"sample_dtype": measured.sample_dtype})
     return spec.model_copy(update={"sample_shape": tuple(measured.sample_shape), "loader": loader})
 

@@ -75,6 +75,14 @@ class MachineSpec(BaseModel):
         return min(self.ram_bytes, self.mem_per_cpu_bytes * self.cpus)
 
 
+def check_workers_within_cpus(loader: LoaderSpec, machine: MachineSpec | None) -> None:
+    """ValueError (a pydantic validation error in a spec) when more workers than CPUs are asked."""
+    workers = loader.num_workers
+    if machine is not None and workers is not None and workers > machine.cpus:
+        raise ValueError(f"--num-workers {workers} is more than the {machine.cpus} CPUs "
+                         "of the machine; use at most that many, or give --cpus")
+
+
 class HostSpec(BaseModel):
     """One training process's host side: the sample, the batch, the loader, the machine."""
 
@@ -99,10 +107,7 @@ class HostSpec(BaseModel):
 
     @model_validator(mode="after")
     def _workers_within_cpus(self) -> HostSpec:
-        workers = self.loader.num_workers
-        if workers is not None and workers > self.machine.cpus:
-            raise ValueError(f"--num-workers {workers} is more than the {self.machine.cpus} CPUs "
-                             "of the machine; use at most that many, or give --cpus")
+        check_workers_within_cpus(self.loader, self.machine)
         if self.sample_shape is None and self.loader.dataset is None:
             raise ValueError("the host estimate needs --shape, or --dataset to measure")
         return self

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import platform
+from dataclasses import dataclass
 
 from memcalc.errors import InputError
 from memcalc.host.arithmetic import (
@@ -27,6 +28,21 @@ MMAP_THRESHOLD_MAX_BYTES = 32 << 20
 MMAP_THRESHOLD_MIN_BYTES = 128 << 10
 MALLOC_FIX_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
 _MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class WorkerCapacity:
+    """What RAM and CPUs allow, before anyone asks how many workers the GPU needs."""
+
+    max_num_workers: int
+    batch_bytes: int
+
+
+def worker_capacity(spec: HostSpec, measurement: WorkerMeasurement | None = None
+                    ) -> WorkerCapacity:
+    """The most workers that fit and the bytes of one batch (``host_estimate``'s own figures)."""
+    sizes = _Sizes(spec, measurement)
+    return WorkerCapacity(_largest(sizes.fits, spec.machine.cpus), sizes.batch)
 
 
 def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) -> HostReport:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,17 +45,28 @@ class ModelSource:
 
 
 _OBJECTS: dict[str, Any] = {}
+"""Models passed to the library as objects, held only while the call that got them runs."""
 OBJECT_PREFIX = "object:"
 
 
-def register_model_object(model: nn.Module | Callable[..., nn.Module]) -> str:
-    """A name for an ``nn.Module`` instance or a factory passed to the library, usable as
-    ``TrainingSpec.model`` in this process. Instances are traced as meta twins."""
+@contextmanager
+def model_reference(model: str | nn.Module | Callable[..., nn.Module]) -> Iterator[str]:
+    """The name of ``model`` as ``TrainingSpec.model`` inside the block: a string as it is; an
+    ``nn.Module`` instance (traced as a meta twin) or a factory under an ``object:`` name that
+    resolves only until the block ends, so the caller's model is never kept alive by memcalc."""
+    if isinstance(model, str):
+        yield model
+        return
     kind = type(model).__name__ if isinstance(model, nn.Module) else getattr(
         model, "__qualname__", type(model).__name__)
     name = f"{OBJECT_PREFIX}{kind}@{id(model):x}"
+    owner = name not in _OBJECTS    # a nested call with the same object leaves it to the outer
     _OBJECTS[name] = model
-    return name
+    try:
+        yield name
+    finally:
+        if owner:
+            _OBJECTS.pop(name, None)
 
 
 def display_name(name: str) -> str:
@@ -80,6 +92,10 @@ def meta_twin(model: nn.Module) -> nn.Module:
 def resolve_model(name: str, kwargs: dict[str, Any] | None = None) -> ModelSource:
     """A zoo name (``resnet3d``), ``package.module:callable``, or a registered object."""
     kwargs = dict(kwargs or {})
+    if name.startswith(OBJECT_PREFIX) and name not in _OBJECTS:
+        kind = name.removeprefix(OBJECT_PREFIX).rsplit("@", 1)[0]
+        raise ModelSourceError(f"the {kind} object was passed to an earlier call and is not "
+                               "kept; pass the model object itself again")
     if name in _OBJECTS:
         target = _OBJECTS[name]
         if isinstance(target, nn.Module):

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from memcalc.device.allocator_settings import AllocatorSettings
-from memcalc.device.cuda_overheads import EAGER_CONTEXT, ModuleLoading, cublas_workspace_bytes
+from memcalc.device.cuda_overheads import EAGER_CONTEXT, cublas_workspace_bytes
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
 from memcalc.trace.optimizers import optimizer_rule
 from memcalc.trace.precision import precision_policy
-from memcalc.specs import DeviceKind, LossKind, OptimizerImpl, TrainingSpec
+from memcalc.specs import DeviceKind, LossKind, ModuleLoading, OptimizerImpl, TrainingSpec
 from memcalc.units import format_bytes
 
 _LOSS_TEXT = {
@@ -122,3 +122,38 @@ def unsupported(spec: TrainingSpec) -> list[str]:
         "(exp, pow, losses...): those ops keep the CPU autocast dtype",
         "NCCL buffers and DDP gradient buckets: one GPU is assumed",
     ]
+
+
+def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
+                     traced_sample_shape: tuple[int, ...], halo_exchange_bytes: int,
+                     offloaded_bytes: int) -> list[str]:
+    """What the traced step itself was made to do: checkpointing, spatial split, offloading."""
+    blocks, lines = checkpoint_blocks, []
+    if blocks:
+        lines.append(f"activation checkpointing (non-reentrant) of {len(blocks)} repeated "
+                     f"blocks: {blocks[0]} … {blocks[-1]}")
+    if spec.spatial_parts > 1:
+        lines.append(
+            f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "
+            f"every sample (input {traced_sample_shape}), its padded convolutions "
+            f"and pools receive halo rows from both neighbours ({format_bytes(halo_exchange_bytes)} "
+            "per iteration); weights replicated, their gradients all-reduced (buckets not "
+            "counted here)")
+    if spec.offload_activations:
+        lines.append(
+            f"activations offloaded as save_on_cpu does: every saved tensor copied to pinned "
+            f"host memory ({format_bytes(offloaded_bytes)} per iteration) and back in "
+            "backward; the copies' time is not modelled")
+    return lines
+
+
+def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
+                     table_error: str | None, trace_error: str | None) -> list[str]:
+    """What this estimate could not do, before the gaps every CUDA estimate has."""
+    lines = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
+    if spec.activation_checkpointing and not checkpoint_blocks:
+        lines.append("activation checkpointing: no repeated blocks found, not applied")
+    if trace_error:
+        lines.append(f"traced step: {trace_error}; the device figure is a STATIC "
+                     "estimate (model states, input, layer outputs once), not a trace")
+    return lines + unsupported(spec)

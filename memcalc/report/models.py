@@ -2,67 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from pydantic import BaseModel, ConfigDict
 
-from pydantic import BaseModel, ConfigDict, computed_field
-
-from memcalc.trace.categories import MemoryCategory
 from memcalc.feed.model import ThroughputReport
 from memcalc.device.gpus import GpuSpec
 from memcalc.host.report import HostReport
-from memcalc.device.batch_search import BatchPlan
+from memcalc.device.report import DeviceReport, LayerRow, StaticEstimate
 from memcalc.specs import TrainingSpec
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
-
-
-class Breakdown(BaseModel):
-    """Bytes per ``MemoryCategory`` at the peak (field names are the category values)."""
-
-    model_config = _FROZEN
-
-    parameters: int
-    buffers: int
-    input_batch: int
-    gradients: int
-    optimizer_state: int
-    activations: int
-    temporaries: int
-    workspaces: int = 0
-
-    @classmethod
-    def from_categories(cls, bytes_by_category: dict[MemoryCategory, int]) -> Breakdown:
-        return cls(**{category.value: bytes_by_category.get(category, 0)
-                      for category in MemoryCategory})
-
-    def by_category(self) -> dict[MemoryCategory, int]:
-        return {category: getattr(self, category.value) for category in MemoryCategory}
-
-    @computed_field
-    @property
-    def total_bytes(self) -> int:
-        return sum(self.by_category().values())
-
-
-class ModuleActivation(BaseModel):
-    """Activation bytes alive at the peak that were made inside one module (innermost)."""
-
-    model_config = _FROZEN
-
-    module: str
-    activation_bytes: int
-
-
-class LayerRow(BaseModel):
-    """One row of the torchinfo per-layer table (batch of one)."""
-
-    model_config = _FROZEN
-
-    name: str
-    kind: str
-    depth: int
-    output_shape: list[int] | None
-    parameter_count: int
 
 
 class ModelSummary(BaseModel):
@@ -85,131 +33,6 @@ class InputSummary(BaseModel):
     traced_batch_shape: tuple[int, ...]
     dtype: str
     output_shape: tuple[int, ...] | None
-
-
-class StaticEstimate(BaseModel):
-    """Counted without running the model: model states and the input batch."""
-
-    model_config = _FROZEN
-
-    parameter_bytes: int
-    buffer_bytes: int
-    gradient_bytes: int
-    optimizer_state_bytes: int
-    optimizer_step_counter_bytes: int
-    input_batch_bytes: int
-
-    @computed_field
-    @property
-    def model_state_bytes(self) -> int:
-        """Parameters, buffers, gradients and optimizer state (what every step holds)."""
-        return (self.parameter_bytes + self.buffer_bytes + self.gradient_bytes
-                + self.optimizer_state_bytes + self.optimizer_step_counter_bytes)
-
-
-class TimelinePoint(BaseModel):
-    """Live tensor bytes at one moment of the traced step (the largest of a span of events)."""
-
-    model_config = _FROZEN
-
-    event: int
-    live_bytes: int
-    phase: str
-    iteration: int
-
-
-class DeviceReport(BaseModel):
-    """Memory of one training step on the target device.
-
-    On CUDA: ``peak_reserved_bytes`` is the predicted ``torch.cuda.max_memory_reserved``
-    (traced allocations and the cuBLAS workspaces replayed through the caching-allocator
-    model); ``context_bytes`` is the CUDA context and loaded kernels outside the allocator;
-    ``total_bytes`` = the two together, what nvidia-smi shows at the peak.
-    """
-
-    model_config = _FROZEN
-
-    kind: Literal["cuda", "cpu"]
-    batch_size: int
-    method: Literal["traced", "static"]
-    breakdown: Breakdown
-    top_modules: list[ModuleActivation]
-    peak_phase: str | None
-    peak_iteration: int | None
-    timeline: list[TimelinePoint] = []
-    """Live bytes over the traced iterations, for the timeline picture."""
-    offloaded_bytes: int = 0
-    """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
-    halo_exchange_bytes: int = 0
-    """Halo rows one GPU receives in one iteration under spatial parallelism."""
-    compute_peak_bytes: int | None = None
-    """Live tensor bytes at the peak of forward + backward (traced only)."""
-    optimizer_peak_bytes: int | None = None
-    """Live tensor bytes at the peak of the optimizer step (traced only)."""
-    peak_reserved_bytes: int | None = None
-    workspace_bytes: int = 0
-    """cuBLAS workspaces, allocated through the caching allocator (inside reserved)."""
-    context_bytes: int = 0
-    """CUDA context and loaded kernels (outside the allocator; 0 on CPU)."""
-    cudnn_calls: int = 0
-    """cuDNN calls of the traced iterations given a workspace (forward, dgrad, wgrad)."""
-    env_profile: str | None = None
-    """Name of the environment profile the CUDA figures come from."""
-    runs_at_capacity: bool | None = None
-    """Replayed with capacity − headroom − context as the allocator's limit (cached blocks
-    freed and retried, workspaces given up when short, as PyTorch and cuDNN do): whether the
-    step runs. None without a capacity."""
-    capacity_bytes: int | None = None
-    """Device memory planned for (``--gpu`` or ``--gpu-memory``); None when not given."""
-    headroom_bytes: int = 0
-    plan: BatchPlan | None = None
-
-    @computed_field
-    @property
-    def peak_allocated_bytes(self) -> int:
-        """Live tensor bytes at the peak plus workspaces (``max_memory_allocated`` before rounding)."""
-        return self.breakdown.total_bytes + self.workspace_bytes
-
-    @computed_field
-    @property
-    def total_bytes(self) -> int:
-        """On CUDA, reserved + context (nvidia-smi at the peak); on CPU, live tensor bytes."""
-        if self.peak_reserved_bytes is not None:
-            return self.peak_reserved_bytes + self.context_bytes
-        return self.peak_allocated_bytes + self.context_bytes
-
-    @computed_field
-    @property
-    def peak_bytes(self) -> int:
-        """The figure to compare with capacity (same as ``total_bytes``)."""
-        return self.total_bytes
-
-    @computed_field
-    @property
-    def fits(self) -> bool | None:
-        """Whether the step runs in capacity minus headroom (``runs_at_capacity`` when the
-        allocator was replayed with that limit); None without a capacity."""
-        if self.capacity_bytes is None:
-            return None
-        if self.runs_at_capacity is not None:
-            return self.runs_at_capacity
-        return self.total_bytes <= self.capacity_bytes - self.headroom_bytes
-
-    @computed_field
-    @property
-    def max_batch_size(self) -> int | None:
-        return self.plan.max_batch_size if self.plan else None
-
-    @computed_field
-    @property
-    def model_bytes(self) -> int | None:
-        """Intercept of the fitted ``total(b) = model_bytes + b * per_sample_bytes``."""
-        return self.plan.model_bytes if self.plan else None
-
-    @computed_field
-    @property
-    def per_sample_bytes(self) -> int | None:
-        return self.plan.per_sample_bytes if self.plan else None
 
 
 class Report(BaseModel):

@@ -64,12 +64,11 @@ def stop_cuda_allocation_history() -> list[dict]:
     return list(traces[torch.cuda.current_device()])
 
 
-def conv_backend_name(x, weight, bias, stride, padding, dilation, transposed, output_padding,
-                      groups) -> str:
-    """The kernel family ATen picks for a convolution (``Cudnn``, ``CudaDepthwise2d``...)."""
+def conv_backend_name(x, weight, bias, geometry) -> str:
+    """The kernel family ATen picks for a convolution (``Cudnn``, ``CudaDepthwise2d``...);
+    ``geometry``: stride, padding, dilation, transposed, output_padding, groups."""
     try:
-        backend = torch._C._select_conv_backend(x, weight, bias, stride, padding, dilation,
-                                                transposed, output_padding, groups, None)
+        backend = torch._C._select_conv_backend(x, weight, bias, *geometry, None)
     except Exception:  # private API: absent or changed in this torch build
         return "unknown"
     return str(backend).rsplit(".", 1)[-1]
@@ -172,3 +171,10 @@ def materialize_fake(model: nn.Module, dtype: torch.dtype) -> nn.Module:
             if buffer is not None:
                 module._buffers[name] = fake_twin(buffer, as_parameter=False)
     return model
+
+
+def set_padding_mode_cache(module: torch.nn.Module, padding: tuple[int, ...]) -> None:
+    """Keep a conv's private ``_reversed_padding_repeated_twice`` (what non-zero padding modes
+    pad with, ``torch/nn/modules/conv.py``) in step with a changed ``padding``."""
+    if hasattr(module, "_reversed_padding_repeated_twice"):
+        module._reversed_padding_repeated_twice = [p for p in reversed(padding) for _ in range(2)]

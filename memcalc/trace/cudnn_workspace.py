@@ -12,8 +12,7 @@ from math import prod
 
 from pydantic import BaseModel, ConfigDict
 
-_ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
-
+from memcalc.dtypes import dtype_bytes
 
 class ConvKind(str, Enum):
     """The three cuDNN calls of a convolution in training."""
@@ -50,7 +49,7 @@ class ConvCall(BaseModel):
 
     @property
     def element_bytes(self) -> int:
-        return _ELEMENT_BYTES.get(self.dtype, 4)
+        return dtype_bytes(self.dtype)
 
     @property
     def input_bytes(self) -> int:

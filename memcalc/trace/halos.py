@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from memcalc.model.layout import CONV_TYPES
+from memcalc.trace._torch_internals import set_padding_mode_cache
 from memcalc.trace.ledger import IterationBytes
 
 _POOL_TYPES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool1d, nn.AvgPool2d,
@@ -132,5 +133,4 @@ def _pool_dims(module: nn.Module) -> int:
 
 def _set_padding(module: nn.Module, padding: tuple[int, ...]) -> None:
     module.padding = padding
-    if hasattr(module, "_reversed_padding_repeated_twice"):   # non-zero padding modes
-        module._reversed_padding_repeated_twice = [p for p in reversed(padding) for _ in range(2)]
+    set_padding_mode_cache(module, padding)

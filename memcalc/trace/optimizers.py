@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from memcalc.errors import InputError
+
 OptimizerBuilder = Callable[[Iterable[torch.nn.Parameter], bool], torch.optim.Optimizer]
 
 # torch.optim keeps ``state["step"]`` as a float32 scalar tensor (``_get_scalar_dtype``).
@@ -58,7 +60,7 @@ def optimizer_names() -> list[str]:
 
 def optimizer_rule(name: str) -> OptimizerRule:
     if name not in _REGISTRY:
-        raise KeyError(f"unknown optimizer {name!r}; accepted: {', '.join(_REGISTRY)}")
+        raise InputError(f"unknown optimizer {name!r}; accepted: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from memcalc.trace._torch_internals import (
     FAKE_TENSOR_FAILURES,
@@ -31,11 +32,12 @@ from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError
 from memcalc.trace.ledger import MemoryLedger, Phase, StorageRecord
-from memcalc.trace.losses import compute_loss, make_target, primary_output
 from memcalc.trace.offload import OffloadCounter
 from memcalc.trace.optimizers import OptimizerRule
-from memcalc.trace.precision import PrecisionPolicy, cpu_autocast
+from memcalc.trace.precision import PrecisionPolicy
+from memcalc.trace.flops import StepFlops, step_flops_of
 from memcalc.trace.halos import ZeroHalos, apply_halo_exchange
+from memcalc.trace.step import StepBody, StepObserver, TrainingIteration
 from memcalc.trace.workspaces import ConvWorkspaces
 from memcalc.specs import LossKind
 
@@ -72,6 +74,11 @@ class StepSetup:
     cudnn_tf32: bool = True
     iterations: int = 2
 
+    @property
+    def body(self) -> StepBody:
+        return StepBody(self.loss, self.classes_last, self.policy.autocast_dtype,
+                        self.keep_zeroed_grads)
+
 
 @dataclass
 class TraceResult:
@@ -79,6 +86,8 @@ class TraceResult:
     output_shape: tuple[int, ...]
     op_names: frozenset[str]
     """ATen op names the step ran (``mm``, ``convolution``...)."""
+    flops: StepFlops | None
+    """FLOPs of the first iteration's forward, loss and backward."""
     offloaded_bytes: int = 0
     """Host bytes the offloaded activations of one iteration take (0 without offloading)."""
     halo_bytes: int = 0
@@ -161,58 +170,80 @@ def _trace(setup: StepSetup) -> TraceResult:
     try:
         with watcher, kernels:
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
-            output_shape = _iterations(setup, model, batch, optimizer, watcher, cursor, ledger,
-                                       offload, halo)
+            observer = _LedgerObserver(watcher, cursor, ledger, model, optimizer)
+            iteration = TrainingIteration(setup.body, model, batch, optimizer, observer)
+            try:
+                output_shape = _iterations(setup, iteration, cursor, offload, halo)
+            finally:   # the counter is the innermost mode: it must leave before the others
+                observer.stop_counting()
     finally:
         for handle in handles:
             handle.remove()
-    return TraceResult(ledger, output_shape, frozenset(watcher.op_names), offload.peak_bytes,
-                       halo.peak_bytes, workspaces.calls if workspaces else 0)
+    return TraceResult(ledger, output_shape, frozenset(watcher.op_names), observer.flops,
+                       offload.peak_bytes, halo.peak_bytes,
+                       workspaces.calls if workspaces else 0)
 
 
-def _iterations(setup, model, batch, optimizer, watcher, cursor, ledger, offload, halo
-                ) -> tuple[int, ...]:
-    target: list[torch.Tensor | None] = []
+def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: _Cursor,
+                offload: OffloadCounter, halo: ZeroHalos) -> tuple[int, ...]:
     output_shape: tuple[int, ...] = ()
-    for iteration in range(1, setup.iterations + 1):
-        cursor.iteration = iteration
+    for number in range(1, setup.iterations + 1):
+        cursor.iteration = number
         halo.start_iteration()
         offload.start_iteration()
         saved = offload.hooks() if setup.offload_activations else contextlib.nullcontext()
         with saved:
-            output_shape = _one_step(setup, model, batch, optimizer, watcher, cursor, ledger,
-                                     target)
+            output_shape = iteration()
     return output_shape
 
 
-def _one_step(setup, model, batch, optimizer, watcher, cursor, ledger, target) -> tuple[int, ...]:
-    """One iteration as a step function: output and loss are released when it returns."""
-    cursor.phase = Phase.FORWARD
-    first_forward_record = len(ledger.records)
-    autocast = cpu_autocast(setup.policy.autocast_dtype)
-    with autocast:
-        output = primary_output(model(batch))
-        if not target:
-            target.append(make_target(setup.loss, output, setup.classes_last))
-            if target[0] is not None:
-                _label(watcher, target, MemoryCategory.INPUT)
-        cursor.module_stack.append(LOSS_LABEL)
-        loss = compute_loss(setup.loss, output, target[0], setup.classes_last)
-        cursor.module_stack.pop()
-    for record in ledger.records[first_forward_record:]:
-        if not record.freed and record.category is MemoryCategory.TEMPORARY:
-            record.category = MemoryCategory.ACTIVATION
-    cursor.phase = Phase.BACKWARD
-    loss.backward()
-    _label(watcher, (p.grad for p in model.parameters() if p.grad is not None),
-           MemoryCategory.GRADIENT)
-    cursor.phase = Phase.OPTIMIZER
-    optimizer.step()
-    _label(watcher, (value for state in optimizer.state.values() for value in state.values()
-                     if isinstance(value, torch.Tensor)), MemoryCategory.OPTIMIZER_STATE)
-    cursor.phase = Phase.ZERO_GRAD
-    optimizer.zero_grad(set_to_none=not setup.keep_zeroed_grads)
-    return tuple(output.shape)
+class _LedgerObserver(StepObserver):
+    """Stamps new storages with the phase, labels what the step made (target, activations,
+    gradients, optimizer state) and counts the first iteration's FLOPs (forward, loss,
+    backward; recomputation included when checkpointing)."""
+
+    def __init__(self, watcher: StorageWatcher, cursor: _Cursor, ledger: MemoryLedger,
+                 model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.watcher, self.cursor, self.ledger = watcher, cursor, ledger
+        self.model, self.optimizer = model, optimizer
+        self.first_forward_record = 0
+        self.counter: FlopCounterMode | None = None
+        self.flops: StepFlops | None = None
+
+    def enter(self, phase: Phase) -> None:
+        if phase is Phase.FORWARD:
+            self.first_forward_record = len(self.ledger.records)
+            if self.cursor.iteration == 1:
+                self.counter = FlopCounterMode(display=False)
+                self.counter.__enter__()
+        elif phase is Phase.BACKWARD:
+            for record in self.ledger.records[self.first_forward_record:]:
+                if not record.freed and record.category is MemoryCategory.TEMPORARY:
+                    record.category = MemoryCategory.ACTIVATION
+        elif phase is Phase.OPTIMIZER:
+            self.stop_counting()
+            _label(self.watcher, (p.grad for p in self.model.parameters()
+                                  if p.grad is not None), MemoryCategory.GRADIENT)
+        elif phase is Phase.ZERO_GRAD:
+            _label(self.watcher, (value for state in self.optimizer.state.values()
+                                  for value in state.values() if isinstance(value, torch.Tensor)),
+                   MemoryCategory.OPTIMIZER_STATE)
+        self.cursor.phase = phase
+
+    def target_made(self, target: torch.Tensor) -> None:
+        _label(self.watcher, [target], MemoryCategory.INPUT)
+
+    def loss_begins(self) -> None:
+        self.cursor.module_stack.append(LOSS_LABEL)
+
+    def loss_ends(self) -> None:
+        self.cursor.module_stack.pop()
+
+    def stop_counting(self) -> None:
+        if self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self.flops = step_flops_of(self.counter)
+            self.counter = None
 
 
 def _label(watcher: StorageWatcher, tensors, category: MemoryCategory) -> None:

@@ -12,6 +12,7 @@ PyTorch empties the allocator's cache (``Conv_v8.cpp``, ``run_single_conv``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -28,14 +29,37 @@ def _channels_last(tensor: torch.Tensor) -> bool:
                 and tensor.is_contiguous(memory_format=memory_format))
 
 
-def conv_call(kind: ConvKind, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor, stride,
-              padding, dilation, groups: int, transposed, *, tf32: bool,
-              benchmark: bool) -> ConvCall:
+class ConvGeometry(NamedTuple):
+    """A convolution's arguments besides its tensors, as ``aten.convolution`` takes them."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    transposed: bool
+    output_padding: tuple[int, ...]
+    groups: int
+
+    @classmethod
+    def of_forward(cls, args: tuple) -> ConvGeometry:
+        """From ``convolution(x, weight, bias, stride, padding, dilation, transposed,
+        output_padding, groups)``."""
+        return cls(*args[3:9])
+
+    @classmethod
+    def of_backward(cls, args: tuple) -> ConvGeometry:
+        """From ``convolution_backward(grad_output, x, weight, bias_sizes, stride, padding,
+        dilation, transposed, output_padding, groups, output_mask)``."""
+        return cls(*args[4:10])
+
+
+def conv_call(kind: ConvKind, x: torch.Tensor, weight: torch.Tensor, y: torch.Tensor,
+              geometry: ConvGeometry, *, tf32: bool, benchmark: bool) -> ConvCall:
     """The cuDNN call a convolution op makes, from its tensors (real or fake) and arguments;
     ``y`` is the forward's output (the output gradient in backward)."""
     return ConvCall(kind=kind, input_shape=tuple(x.shape), weight_shape=tuple(weight.shape),
-                    output_shape=tuple(y.shape), stride=tuple(stride), padding=tuple(padding),
-                    dilation=tuple(dilation), groups=groups, transposed=bool(transposed),
+                    output_shape=tuple(y.shape), stride=tuple(geometry.stride),
+                    padding=tuple(geometry.padding), dilation=tuple(geometry.dilation),
+                    groups=geometry.groups, transposed=bool(geometry.transposed),
                     dtype=str(x.dtype).removeprefix("torch."), channels_last=_channels_last(x),
                     tf32=tf32, benchmark=benchmark)
 
@@ -55,27 +79,24 @@ class ConvWorkspaces:
         """Handle one op; False when it is not a convolution (the watcher goes on as usual)."""
         if name == _CONV:
             watch(outputs)
-            x, weight, _bias, stride, padding, dilation, transposed = args[:7]
-            self._workspace(ConvKind.FORWARD, x, weight, outputs, stride, padding, dilation,
-                            args[8], transposed)
+            x, weight = args[:2]
+            self._workspace(ConvKind.FORWARD, x, weight, outputs, ConvGeometry.of_forward(args))
             return True
         if name != _CONV_BACKWARD:
             return False
-        grad_output, x, weight, _sizes, stride, padding, dilation, transposed = args[:8]
-        groups = args[9]
+        grad_output, x, weight = args[:3]
+        geometry = ConvGeometry.of_backward(args)
         grad_input, grad_weight, grad_bias = outputs
         for kind, grad in ((ConvKind.DGRAD, grad_input), (ConvKind.WGRAD, grad_weight)):
             if grad is not None:
                 watch(grad)
-                self._workspace(kind, x, weight, grad_output, stride, padding, dilation,
-                                groups, transposed)
+                self._workspace(kind, x, weight, grad_output, geometry)
         if grad_bias is not None:
             watch(grad_bias)
         return True
 
-    def _workspace(self, kind, x, weight, y, stride, padding, dilation, groups, transposed):
-        call = conv_call(kind, x, weight, y, stride, padding, dilation, groups, transposed,
-                         tf32=self._tf32, benchmark=self._benchmark)
+    def _workspace(self, kind: ConvKind, x, weight, y, geometry: ConvGeometry) -> None:
+        call = conv_call(kind, x, weight, y, geometry, tf32=self._tf32, benchmark=self._benchmark)
         self.calls += 1
         if self._benchmark and call not in self._searched:
             self._searched.add(call)

@@ -1,0 +1,81 @@
+"""One training iteration, written once: forward (under autocast when mixed precision), loss,
+backward, optimizer step, ``zero_grad``.
+
+The tracer runs it on fake tensors (an observer stamps every storage with the phase), the FLOP
+count is taken from the tracer's first iteration, and the CPU truth in ``tests/fixtures``
+runs it on real tensors — so the three cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from memcalc.specs import LossKind
+from memcalc.trace.ledger import Phase
+from memcalc.trace.losses import compute_loss, make_target, primary_output
+from memcalc.trace.precision import cpu_autocast
+
+
+@dataclass(frozen=True)
+class StepBody:
+    """What the iteration does besides running the model."""
+
+    loss: LossKind
+    classes_last: bool
+    """Integer targets index the last axis (token ids) rather than axis 1 (classes)."""
+    autocast_dtype: torch.dtype | None = None
+    keep_zeroed_grads: bool = False
+    """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
+
+
+class StepObserver:
+    """Told where the iteration is; the defaults do nothing."""
+
+    def enter(self, phase: Phase) -> None:
+        """The iteration enters ``phase`` (forward, backward, optimizer, zero_grad)."""
+
+    def target_made(self, target: torch.Tensor) -> None:
+        """The loss target was made (once, at the first forward)."""
+
+    def loss_begins(self) -> None:
+        """The loss is about to be computed (inside the forward phase)."""
+
+    def loss_ends(self) -> None:
+        """The loss was computed."""
+
+
+class TrainingIteration:
+    """The step as a callable: each call runs one iteration and returns the output's shape.
+    Output and loss are released when the call returns; the target is made once and kept.
+    Without an optimizer the iteration ends after backward."""
+
+    def __init__(self, body: StepBody, model: nn.Module, batch: torch.Tensor,
+                 optimizer: torch.optim.Optimizer | None = None,
+                 observer: StepObserver | None = None) -> None:
+        self.body, self.model, self.batch = body, model, batch
+        self.optimizer, self.observer = optimizer, observer or StepObserver()
+        self._target: list[torch.Tensor | None] = []
+
+    def __call__(self) -> tuple[int, ...]:
+        body, observer = self.body, self.observer
+        observer.enter(Phase.FORWARD)
+        with cpu_autocast(body.autocast_dtype):
+            output = primary_output(self.model(self.batch))
+            if not self._target:
+                self._target.append(make_target(body.loss, output, body.classes_last))
+                if self._target[0] is not None:
+                    observer.target_made(self._target[0])
+            observer.loss_begins()
+            loss = compute_loss(body.loss, output, self._target[0], body.classes_last)
+            observer.loss_ends()
+        observer.enter(Phase.BACKWARD)
+        loss.backward()
+        if self.optimizer is not None:
+            observer.enter(Phase.OPTIMIZER)
+            self.optimizer.step()
+            observer.enter(Phase.ZERO_GRAD)
+            self.optimizer.zero_grad(set_to_none=not body.keep_zeroed_grads)
+        return tuple(output.shape)
