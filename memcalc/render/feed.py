@@ -8,7 +8,7 @@ from rich.table import Table
 
 from memcalc.feed.check import FeedCheck
 from memcalc.feed.model import ThroughputReport
-from memcalc.render.host import bullets
+from memcalc.render.helpers import bullets
 
 
 def throughput_renderable(throughput: ThroughputReport) -> Group:

@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.host.report import HostReport
+from memcalc.render.helpers import bullets
 from memcalc.units import format_bytes
 
 
@@ -62,7 +63,3 @@ def _terms_table(host: HostReport) -> Table:
 
 def _shape(shape: tuple[int, ...] | None) -> str:
     return "×".join(map(str, shape)) if shape else "?"
-
-
-def bullets(title: str, lines: list[str]) -> Panel:
-    return Panel("\n".join(f"• {line}" for line in lines), title=title, title_align="left")

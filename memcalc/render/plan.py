@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
-from memcalc.render.host import bullets
+from memcalc.render.helpers import bullets
 from memcalc.strategies.report import StrategyPlan
 from memcalc.units import format_bytes
 

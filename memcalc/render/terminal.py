@@ -7,7 +7,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.render.feed import throughput_renderable
-from memcalc.render.host import bullets, host_renderable
+from memcalc.render.helpers import bullets
+from memcalc.render.host import host_renderable
 from memcalc.report.models import Report
 from memcalc.units import format_bytes, format_count
 
