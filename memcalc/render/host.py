@@ -12,6 +12,7 @@ from memcalc.units import format_bytes
 
 
 def host_renderable(host: HostReport) -> Group:
+    """Host RAM: the arithmetic, the worker counts that fit, SLURM lines, a measured fix."""
     spec = host.spec
     how = "MEASURED worker" if host.measured else "from the sample shape"
     head = (

@@ -12,6 +12,7 @@ from memcalc.units import format_bytes
 
 
 def plan_renderable(plan: StrategyPlan) -> Group:
+    """The ranked strategies, the recommendation with its launch line, SLURM, assumptions."""
     table = Table(title=f"Strategies (usable per GPU {format_bytes(plan.usable_bytes)}), best "
                         "first", title_justify="left")
     for column in ("strategy", "GPUs", "per-GPU peak", "batch/GPU", "accum", "global",
