@@ -65,13 +65,3 @@ def test_check_raises_when_the_workers_do_not_fit_the_host():
 def test_check_needs_a_capacity():
     with pytest.raises(InputError, match="check needs a capacity"):
         memcalc.check("mlp", (64,), batch_size=2)
-
-
-def test_plan_and_html_rendering():
-    plan = memcalc.plan("mlp", (64,), gpu="T4", model_args=MLP_ARGS, machine=MACHINE)
-    assert plan.recommended and "recommended" in plan._repr_html_()
-    report = memcalc.estimate("mlp", (64,), batch_size=2, gpu="T4", model_args=MLP_ARGS,
-                              machine=MACHINE)
-    html = report._repr_html_()
-    for needle in ("activations", "optimizer_state", "fits", "largest batch", "host:"):
-        assert needle in html

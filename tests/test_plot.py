@@ -6,6 +6,7 @@ matplotlib.use("Agg")
 
 from matplotlib.image import imread  # noqa: E402
 
+import memcalc  # noqa: E402
 from memcalc.pipeline import estimate  # noqa: E402
 from memcalc.render.plot import plot_report  # noqa: E402
 from memcalc.specs import TrainingSpec  # noqa: E402
@@ -24,7 +25,7 @@ def test_report_plot_writes_a_png_with_four_panels(tmp_path):
     timeline = figure.axes[2].lines[0].get_ydata()
     assert max(timeline) * 2**30 == max(p.live_bytes for p in report.device.timeline)
     target = tmp_path / "report.png"
-    report.plot(target)
+    memcalc.plot(report, target)
     pixels = imread(target)
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pixels.shape[0] > 500
 

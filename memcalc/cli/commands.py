@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from functools import partial
 
 import click
-from rich.console import Console
+from pydantic import BaseModel
+from rich.console import Console, RenderableType
 from rich.table import Table
 
 from memcalc.cli.options import (
@@ -50,7 +53,7 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
     """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest
     batch; host RAM and the DataLoader workers that fit."""
     from memcalc.pipeline import estimate as run_estimate
-    from memcalc.render.terminal import print_report
+    from memcalc.render.terminal import report_renderable
 
     def work():
         loader, machine = loader_and_machine(options)
@@ -59,12 +62,9 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
             report = run_estimate(spec, progress)
         if plot_path:
             plot_report(report, plot_path)
-        if as_json:
-            click.echo(report.model_dump_json(indent=2))
-        else:
-            print_report(report, Console(), show_layers)
-            if plot_path:
-                click.echo(f"plot written to {plot_path}")
+        _show(report, as_json, partial(report_renderable, show_layers=show_layers))
+        if plot_path and not as_json:
+            click.echo(f"plot written to {plot_path}")
 
     _run_guarded(ctx, work)
 
@@ -79,6 +79,7 @@ def check(ctx, as_json, **options) -> None:
     """Exit 0 when --batch-size (and --num-workers) fit the GPU and host, 1 when not."""
     from memcalc.api import check_spec
     from memcalc.errors import MemoryBudgetError
+    from memcalc.render.terminal import fits_summary
 
     def work():
         loader, machine = loader_and_machine(options)
@@ -88,14 +89,7 @@ def check(ctx, as_json, **options) -> None:
         except MemoryBudgetError as error:
             click.echo(f"DOES NOT FIT: {str(error).removeprefix('does not fit: ')}", err=True)
             sys.exit(1)
-        if as_json:
-            click.echo(report.model_dump_json(indent=2))
-        else:
-            click.echo(f"fits: batch {report.device.batch_size} needs "
-                       f"{format_bytes(report.device.total_bytes)} of "
-                       f"{format_bytes(report.device.plan.usable_bytes)} usable; "
-                       f"{report.host.num_workers} workers need "
-                       f"{format_bytes(report.host.peak_bytes)} of host RAM")
+        _show(report, as_json, fits_summary)
 
     _run_guarded(ctx, work)
 
@@ -137,10 +131,8 @@ def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max
             click.echo(result.torchrun or "")
         elif emit == "slurm":
             click.echo("\n".join(result.slurm or []))
-        elif as_json:
-            click.echo(result.model_dump_json(indent=2))
         else:
-            Console().print(plan_renderable(result))
+            _show(result, as_json, plan_renderable)
         if result.recommended is None:
             sys.exit(1)
 
@@ -167,10 +159,7 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
         with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = (measured_host_estimate(spec, progress=progress) if loader.dataset
                       else host_estimate(spec))
-        if as_json:
-            click.echo(report.model_dump_json(indent=2))
-        else:
-            Console().print(host_renderable(report))
+        _show(report, as_json, host_renderable)
 
     _run_guarded(ctx, work)
 
@@ -207,12 +196,23 @@ def feed(ctx, dataset, step_time, batch_size, worker_list, batches, cpus, as_jso
             result = feed_check(dataset, batch_size, step_time, counts,
                                 seconds_per_sample=sample.seconds_per_sample,
                                 cpus=cpus or detect_machine().cpus, batches=batches)
-        if as_json:
-            click.echo(result.model_dump_json(indent=2))
-        else:
-            Console().print(feed_renderable(result))
+        _show(result, as_json, feed_renderable)
 
     _run_guarded(ctx, work)
+
+
+def _show(report: BaseModel, as_json: bool,
+          render: Callable[[BaseModel], RenderableType | str]) -> None:
+    """A command's result: the indented JSON with ``--json``, else what ``render`` draws (text
+    is echoed as it is: rich would wrap it and read its brackets as markup)."""
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+        return
+    shown = render(report)
+    if isinstance(shown, str):
+        click.echo(shown)
+    else:
+        Console().print(shown)
 
 
 @main.command()

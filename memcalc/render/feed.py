@@ -8,10 +8,11 @@ from rich.table import Table
 
 from memcalc.feed.check import FeedCheck
 from memcalc.feed.model import ThroughputReport
-from memcalc.render.host import bullets
+from memcalc.render.helpers import bullets
 
 
 def throughput_renderable(throughput: ThroughputReport) -> Group:
+    """Whether the loader keeps the GPU busy, by worker count, and what helps."""
     verdict = {"gpu": "GPU-bound (the loader keeps up)", "cpu": "[bold red]CPU-bound[/]",
                "io": "[bold red]I/O-bound[/]"}[throughput.bound]
     head = (f"[bold]feeding: {verdict}[/] at num_workers={throughput.num_workers}: GPU busy "
@@ -29,6 +30,7 @@ def throughput_renderable(throughput: ThroughputReport) -> Group:
 
 
 def feed_renderable(check: FeedCheck) -> Group:
+    """Measured against predicted GPU utilisation for each worker count."""
     table = Table(title=f"{check.dataset}: batch {check.batch_size}, simulated step "
                         f"{check.step_time_s * 1e3:.3g} ms, {check.seconds_per_sample * 1e3:.3g} "
                         f"ms per sample (measured in a real worker), {check.cpus} CPUs",

@@ -7,10 +7,12 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.host.report import HostReport
+from memcalc.render.helpers import bullets
 from memcalc.units import format_bytes
 
 
 def host_renderable(host: HostReport) -> Group:
+    """Host RAM: the arithmetic, the worker counts that fit, SLURM lines, a measured fix."""
     spec = host.spec
     how = "MEASURED worker" if host.measured else "from the sample shape"
     head = (
@@ -62,7 +64,3 @@ def _terms_table(host: HostReport) -> Table:
 
 def _shape(shape: tuple[int, ...] | None) -> str:
     return "×".join(map(str, shape)) if shape else "?"
-
-
-def bullets(title: str, lines: list[str]) -> Panel:
-    return Panel("\n".join(f"• {line}" for line in lines), title=title, title_align="left")

@@ -1,4 +1,5 @@
-"""Notebook rendering (``_repr_html_``): the breakdown table and the recommendation."""
+"""HTML for notebooks: the breakdown table and the recommendation (``memcalc.notebook``
+registers these with IPython)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def report_html(report: Report) -> str:
+    """The peak, the breakdown table, the largest batch, feeding and host RAM as HTML."""
     device = report.device
     fits = ("" if device.fits is None else
             " — <b style='color:green'>fits</b>" if device.fits else
@@ -51,6 +53,7 @@ def report_html(report: Report) -> str:
 
 
 def plan_html(plan: StrategyPlan) -> str:
+    """The recommendation, its reason and the candidates that fit (or use one GPU) as HTML."""
     rows = [[c.label, str(c.gpus), format_bytes(c.per_gpu_peak_bytes), str(c.max_batch_size),
              f"{c.samples_per_s:,.2f}", "yes" if c.fits else "no"]
             for c in plan.candidates if c.fits or c.gpus == 1]

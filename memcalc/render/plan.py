@@ -6,12 +6,13 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
-from memcalc.render.host import bullets
+from memcalc.render.helpers import bullets
 from memcalc.strategies.report import StrategyPlan
 from memcalc.units import format_bytes
 
 
 def plan_renderable(plan: StrategyPlan) -> Group:
+    """The ranked strategies, the recommendation with its launch line, SLURM, assumptions."""
     table = Table(title=f"Strategies (usable per GPU {format_bytes(plan.usable_bytes)}), best "
                         "first", title_justify="left")
     for column in ("strategy", "GPUs", "per-GPU peak", "batch/GPU", "accum", "global",

@@ -14,7 +14,8 @@ PHASE_COLORS = {"forward": "#dbeafe", "backward": "#fde68a", "optimizer": "#d1fa
 
 
 def plot_report(report: Report, path: str | Path | None = None):
-    """A 2×2 figure of the four pictures; written as PNG when ``path`` is given."""
+    """A 2×2 figure of the four pictures; written as PNG when ``path`` is given
+    (``memcalc.plot``, ``memcalc estimate --plot``)."""
     import matplotlib
 
     if path is not None:
@@ -37,6 +38,7 @@ def plot_report(report: Report, path: str | Path | None = None):
 
 
 def plot_breakdown(axes, report: Report) -> None:
+    """One stacked bar of the bytes at the peak by category, with the capacity line."""
     device, left = report.device, 0.0
     parts = [(category.value, nbytes) for category, nbytes in device.breakdown.by_category().items()]
     if device.peak_reserved_bytes is not None:
@@ -55,6 +57,7 @@ def plot_breakdown(axes, report: Report) -> None:
 
 
 def plot_batch(axes, report: Report) -> None:
+    """The fitted line of total memory against batch size, the traced batches and capacity."""
     plan = report.device.plan
     axes.set_title("Memory against batch size")
     if plan is None:
@@ -85,6 +88,7 @@ def plot_batch(axes, report: Report) -> None:
 
 
 def plot_timeline(axes, report: Report) -> None:
+    """Live tensor bytes over the traced iterations, the phases shaded."""
     timeline = report.device.timeline
     axes.set_title("Live tensor memory over the traced step")
     if not timeline:
@@ -110,6 +114,7 @@ def plot_timeline(axes, report: Report) -> None:
 
 
 def plot_top_modules(axes, report: Report) -> None:
+    """The ten modules whose activations hold the most bytes at the peak."""
     modules = list(reversed(report.device.top_modules[:10]))
     axes.set_title("Activations alive at the peak, by module")
     if not modules:

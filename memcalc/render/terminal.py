@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.render.feed import throughput_renderable
-from memcalc.render.host import bullets, host_renderable
+from memcalc.render.helpers import bullets
+from memcalc.render.host import host_renderable
 from memcalc.report.models import Report
 from memcalc.units import format_bytes, format_count
 
 
 def report_renderable(report: Report, show_layers: bool = False) -> Group:
+    """The estimate: head, breakdown, batch plan, top modules, static count, assumptions,
+    feeding and host RAM (and the torchinfo layer table with ``show_layers``)."""
     device, spec = report.device, report.spec
     label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
     reserved = (", CUDA reserved + context, what nvidia-smi shows"
@@ -134,5 +137,9 @@ def _layers_table(report: Report) -> Table:
     return table
 
 
-def print_report(report: Report, console: Console | None = None, show_layers: bool = False) -> None:
-    (console or Console()).print(report_renderable(report, show_layers))
+def fits_summary(report: Report) -> str:
+    """One line for a check that passed: the GPU and host RAM needed and usable."""
+    device, host = report.device, report.host
+    return (f"fits: batch {device.batch_size} needs {format_bytes(device.total_bytes)} of "
+            f"{format_bytes(device.plan.usable_bytes)} usable; {host.num_workers} workers need "
+            f"{format_bytes(host.peak_bytes)} of host RAM")

@@ -36,7 +36,11 @@ class InputSummary(BaseModel):
 
 
 class Report(BaseModel):
-    """Everything one estimate found, with what it assumed and what it could not model."""
+    """Everything one estimate found, with what it assumed and what it could not model.
+
+    Rendering lives above this module: ``memcalc.render`` (terminal, HTML, ``memcalc.plot``)
+    and ``memcalc.notebook``, which shows reports as HTML in IPython.
+    """
 
     model_config = _FROZEN
 
@@ -52,12 +56,3 @@ class Report(BaseModel):
     """Whether the DataLoader keeps the GPU busy; None without a step and a sample time."""
     host: HostReport | None = None
     """Host RAM of the training process and the DataLoader worker counts that fit."""
-
-    def plot(self, path=None):
-        """The four pictures in one matplotlib figure; a PNG when ``path`` is given."""
-        from memcalc.render.plot import plot_report
-        return plot_report(self, path)
-
-    def _repr_html_(self) -> str:
-        from memcalc.render.html import report_html
-        return report_html(self)

@@ -57,7 +57,3 @@ class StrategyPlan(BaseModel):
     largest_sample_shape: tuple[int, ...] | None = None
     """When nothing fits: the largest proportionally cropped sample that fits at batch 1."""
     largest_sample_strategy: str | None = None
-
-    def _repr_html_(self) -> str:
-        from memcalc.render.html import plan_html
-        return plan_html(self)
