@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -18,7 +19,7 @@ from memcalc.feed.sizing import HostInputs, host_and_throughput
 from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
 from memcalc.model.layout import CONV_TYPES, LayoutDecision, resolve_layout
-from memcalc.model.source import display_name, resolve_model
+from memcalc.model.source import OBJECT_PREFIX, display_name, resolve_model
 from memcalc.report.assumptions import assumptions, step_assumptions, step_unsupported
 from memcalc.report.models import InputSummary, ModelSummary, Report
 from memcalc.dtypes import INPUT_DTYPES
@@ -180,12 +181,33 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None) -> _Prep
                       offload_activations=spec.offload_activations, halo_axis=halo_axis,
                       cudnn=profile.cudnn if spec.device is DeviceKind.CUDA else None,
                       cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32)
-    layers, leaf_output_elements, table_error = layer_table(model, layout.traced_sample_shape,
-                                                            input_dtype)
+    layers, leaf_output_elements, table_error = _layer_table(spec, model,
+                                                             layout.traced_sample_shape,
+                                                             input_dtype)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
     return _Prepared(DeviceTarget(spec, gpu, profile, capacity, headroom), model, layout, setup,
                      has_conv, leaf_output_elements, sample_shape, dtype_name, layers,
                      table_error)
+
+
+_LAYER_TABLES: dict[str, tuple] = {}
+_LAYER_TABLES_KEPT = 16
+
+
+def _layer_table(spec: TrainingSpec, model: torch.nn.Module, sample_shape: tuple[int, ...],
+                 dtype: torch.dtype) -> tuple:
+    """torchinfo's table, once per model and input: the strategy planner estimates many
+    variants of one job (precision, checkpointing, parallelism) that share it. Models passed
+    as objects are not cached (their name is only valid during the call)."""
+    if spec.model.startswith(OBJECT_PREFIX):
+        return layer_table(model, sample_shape, dtype)
+    key = json.dumps([spec.model, spec.model_args, sample_shape, str(dtype)], sort_keys=True,
+                     default=repr)
+    if key not in _LAYER_TABLES:
+        if len(_LAYER_TABLES) >= _LAYER_TABLES_KEPT:
+            _LAYER_TABLES.pop(next(iter(_LAYER_TABLES)))
+        _LAYER_TABLES[key] = layer_table(model, sample_shape, dtype)
+    return _LAYER_TABLES[key]
 
 
 def _spatial_split(spec: TrainingSpec, model: torch.nn.Module,

@@ -113,7 +113,7 @@ def check(ctx, as_json, **options) -> None:
 @feed_options
 @host_options
 @click.pass_context
-def plan(ctx, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
+def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
          emit, as_json, **options) -> None:
     """Which strategy to use: each traced or derived, ranked, with launch files."""
     from memcalc.render.plan import plan_renderable
@@ -176,7 +176,7 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
 @click.option("--cpus", type=click.IntRange(min=1), help="CPUs [default: detected].")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
 @click.pass_context
-def feed(ctx, dataset, step_time, batch_size, worker_list, batches, cpus, as_json) -> None:
+def feed(ctx, *, dataset, step_time, batch_size, worker_list, batches, cpus, as_json) -> None:
     """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
     from memcalc.feed.check import feed_check
     from memcalc.host import LoaderSpec, detect_machine, measure_worker

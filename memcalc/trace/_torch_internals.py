@@ -12,6 +12,7 @@ Used here (checked against torch 2.3 – 2.13):
 from __future__ import annotations
 
 import weakref
+from collections import Counter
 from collections.abc import Callable
 
 import torch
@@ -25,6 +26,7 @@ from torch._subclasses.fake_tensor import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
 UNSUPPORTED_OPERATOR = UnsupportedOperatorException
@@ -178,3 +180,21 @@ def set_padding_mode_cache(module: torch.nn.Module, padding: tuple[int, ...]) ->
     pad with, ``torch/nn/modules/conv.py``) in step with a changed ``padding``."""
     if hasattr(module, "_reversed_padding_repeated_twice"):
         module._reversed_padding_repeated_twice = [p for p in reversed(padding) for _ in range(2)]
+
+
+class FlopCountingMode(TorchDispatchMode):
+    """FLOPs per ATen op from torch's own formulas (``torch.utils.flop_counter.flop_registry``),
+    without ``FlopCounterMode``'s module tracker: its hooks on every module's outputs keep
+    tensors alive that activation checkpointing would free, which changes the traced peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_op: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            self.by_op[func._overloadpacket.__name__] += formula(*args, **kwargs, out_val=out)
+        return out

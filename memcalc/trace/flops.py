@@ -1,11 +1,12 @@
 """FLOPs of one training step (forward, loss, backward; recomputation when checkpointed),
-counted by PyTorch's ``FlopCounterMode`` during the traced step's first iteration: matmuls,
+counted with PyTorch's flop formulas during the traced step's first iteration: matmuls,
 convolutions, attention."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, ConfigDict
-from torch.utils.flop_counter import FlopCounterMode
 
 _CONVOLUTION_OPS = ("convolution", "convolution_backward", "_convolution")
 
@@ -24,9 +25,7 @@ class StepFlops(BaseModel):
         return self.convolution / self.total if self.total else 0.0
 
 
-def step_flops_of(counter: FlopCounterMode) -> StepFlops:
-    """What ``counter`` counted, with the convolutions' share."""
-    per_op = counter.get_flop_counts().get("Global", {})
-    convolution = sum(count for op, count in per_op.items()
-                      if getattr(op, "__name__", str(op)).split(".")[0] in _CONVOLUTION_OPS)
-    return StepFlops(total=int(counter.get_total_flops()), convolution=int(convolution))
+def step_flops_of(by_op: Mapping[str, int]) -> StepFlops:
+    """FLOPs counted per ATen op name, with the convolutions' share."""
+    convolution = sum(count for op, count in by_op.items() if op in _CONVOLUTION_OPS)
+    return StepFlops(total=int(sum(by_op.values())), convolution=int(convolution))

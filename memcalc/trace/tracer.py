@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from memcalc.trace._torch_internals import (
     FAKE_TENSOR_FAILURES,
+    FlopCountingMode,
     UNSUPPORTED_OPERATOR,
     RealAllocationError,
     StorageWatcher,
@@ -207,14 +207,14 @@ class _LedgerObserver(StepObserver):
         self.watcher, self.cursor, self.ledger = watcher, cursor, ledger
         self.model, self.optimizer = model, optimizer
         self.first_forward_record = 0
-        self.counter: FlopCounterMode | None = None
+        self.counter: FlopCountingMode | None = None
         self.flops: StepFlops | None = None
 
     def enter(self, phase: Phase) -> None:
         if phase is Phase.FORWARD:
             self.first_forward_record = len(self.ledger.records)
             if self.cursor.iteration == 1:
-                self.counter = FlopCounterMode(display=False)
+                self.counter = FlopCountingMode()
                 self.counter.__enter__()
         elif phase is Phase.BACKWARD:
             for record in self.ledger.records[self.first_forward_record:]:
@@ -242,7 +242,7 @@ class _LedgerObserver(StepObserver):
     def stop_counting(self) -> None:
         if self.counter is not None:
             self.counter.__exit__(None, None, None)
-            self.flops = step_flops_of(self.counter)
+            self.flops = step_flops_of(self.counter.by_op)
             self.counter = None
 
 
