@@ -43,3 +43,17 @@ def test_checkpointing_lowers_the_activation_line():
     plain = estimate(spec).device
     checkpointed = estimate(spec.with_changes(activation_checkpointing=True)).device
     assert checkpointed.breakdown.activations < plain.breakdown.activations / 2
+
+
+def test_counting_flops_in_the_first_iteration_does_not_change_what_it_keeps():
+    """Both iterations run the same checkpointed step; the second also holds Adam's state, so
+    its peak is the higher one. (A FLOP counter that hooks module outputs kept the recomputed
+    activations alive in the first iteration only, and moved the peak there.)"""
+    spec = TrainingSpec(model="resnet3d", sample_shape=(3, 128, 64, 128), batch_size=1,
+                        activation_checkpointing=True, machine={"cpus": 2, "ram_bytes": 8 << 30})
+    device = estimate(spec).device
+    by_iteration = {}
+    for point in device.timeline:
+        by_iteration[point.iteration] = max(by_iteration.get(point.iteration, 0), point.live_bytes)
+    assert device.flops is not None and device.flops.total > 0
+    assert device.peak_iteration == 2 and by_iteration[1] < by_iteration[2]
