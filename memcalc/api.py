@@ -15,11 +15,12 @@ from torch import nn
 
 from memcalc.errors import InputError, MemoryBudgetError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
-from memcalc.model.source import model_reference
+from memcalc.model.source import model_reference, resolve_model
 from memcalc.pipeline import estimate as estimate_spec
+from memcalc.pipeline import training_step_flops
 from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
-from memcalc.strategies import ClusterSpec, StrategyPlan, plan_strategies
+from memcalc.strategies import ClusterSpec, StrategyPlan, VariantEstimator, plan_strategies
 from memcalc.units import format_bytes
 
 ModelLike = str | nn.Module | Callable[..., nn.Module]
@@ -52,7 +53,22 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
     cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
                           max_gpus=max_gpus)
     with model_reference(model) as name:
-        return plan_strategies(training_spec(name, sample_shape, gpu=gpu, **options), cluster)
+        return plan_spec(training_spec(name, sample_shape, gpu=gpu, **options), cluster)
+
+
+def plan_spec(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
+    """``plan`` for a spec and a cluster: every variant traced by ``memcalc.pipeline``."""
+    return plan_strategies(spec, cluster, pipeline_estimator())
+
+
+def pipeline_estimator() -> VariantEstimator:
+    """The strategy planner's estimator: the pipeline's reports and FLOPs, the model built
+    on the meta device."""
+    return VariantEstimator(report=estimate_spec, flops=training_step_flops, model=_meta_model)
+
+
+def _meta_model(spec: TrainingSpec) -> nn.Module:
+    return resolve_model(spec.model, spec.model_args).build_meta()
 
 
 def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batch_size: int,
@@ -81,7 +97,7 @@ def check_spec(spec: TrainingSpec) -> Report:
     problems = _problems(report)
     if not problems:
         return report
-    strategies = plan_strategies(spec, ClusterSpec()) if spec.gpu and not report.device.fits else None
+    strategies = plan_spec(spec, ClusterSpec()) if spec.gpu and not report.device.fits else None
     raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
 
 

@@ -17,10 +17,12 @@ from memcalc.trace.halos import (
     split_axis,
 )
 from memcalc.specs import TrainingSpec
+from memcalc.api import pipeline_estimator
 from memcalc.strategies import ClusterSpec, Strategy
-from memcalc.strategies.candidates import traced_variant
+from memcalc.strategies.candidates import PlanContext
+from memcalc.strategies.rules import rule_for
 from memcalc.strategies.sharding import ModelStates
-from memcalc.strategies.spatial import fewest_spatial_parts
+from memcalc.strategies.variants import traced_variant
 from tests.fixtures.gloo import run_ranks
 from tests.fixtures.spatial_reference import (
     HALO_NET,
@@ -70,10 +72,14 @@ def test_a_slab_that_cannot_be_traced_is_named_not_dropped():
     line = estimate(spec).device.plan
     # one sample does not fit, half of one would
     capacity = (line.model_bytes + line.per_sample_bytes // 2) / (1 - spec.headroom_fraction)
-    base = traced_variant(Strategy.BASELINE, spec.with_changes(gpu_memory_bytes=int(capacity)))
+    estimator = pipeline_estimator()
+    base = traced_variant(rule_for(Strategy.BASELINE),
+                          spec.with_changes(gpu_memory_bytes=int(capacity)), estimator)
     assert base.report.device.plan.max_batch_size == 0
     states = ModelStates(0, 0, 0, 0)
-    candidate, failure = fewest_spatial_parts(base, ClusterSpec(), find_gpu("T4"), states)
+    spatial = rule_for(Strategy.SPATIAL)
+    context = PlanContext(ClusterSpec(), find_gpu("T4"), estimator)
+    candidate, failure = spatial.size(spatial, base, states, context)
     assert candidate is None
     assert re.match(r"spatial×\d+ \+ baseline: the slab could not be traced \(traced step: .*"
                     r"RuntimeError: .*\d+\] X \[524288, 2\]", failure)

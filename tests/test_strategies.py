@@ -1,12 +1,16 @@
 """The strategy planner on the issue's cases and on a small model with several GPUs."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 
+from memcalc.api import plan_spec
+from memcalc.model.source import resolve_model
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
-from memcalc.strategies import ClusterSpec, Strategy, plan_strategies
+from memcalc.strategies import ClusterSpec, Strategy
 from memcalc.strategies.spatial import part_counts
 
 MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
@@ -14,8 +18,8 @@ MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
 
 @pytest.fixture(scope="module")
 def llama_plan():
-    return plan_strategies(TrainingSpec(model="llama_7b", gpu="A100-80GB", machine=MACHINE),
-                           ClusterSpec())
+    return plan_spec(TrainingSpec(model="llama_7b", gpu="A100-80GB", machine=MACHINE),
+                     ClusterSpec())
 
 
 def by_label(plan, label):
@@ -25,8 +29,9 @@ def by_label(plan, label):
 def test_llama_7b_does_not_fit_one_80gb_gpu_in_fp32_adam(llama_plan):
     baseline = by_label(llama_plan, "baseline")
     assert not baseline.fits and baseline.per_gpu_peak_bytes > llama_plan.usable_bytes
-    # fp32 Adam: 16 bytes per parameter of states alone exceed the card
-    assert 16 * 6_738_415_616 > 80 * 10**9
+    # fp32 Adam: 16 bytes per parameter (weight, gradient, two moments) alone exceed the card
+    parameters = sum(p.numel() for p in resolve_model("llama_7b", {}).build_meta().parameters())
+    assert baseline.per_gpu_peak_bytes >= 16 * parameters > llama_plan.usable_bytes
     for single in ("mixed-precision", "checkpointing", "mixed-precision+checkpointing"):
         assert not by_label(llama_plan, single).fits
 
@@ -50,7 +55,7 @@ SEED = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-
 
 
 def test_the_seed_volume_on_a_24gb_gpu_is_split_spatially_with_its_new_max_batch():
-    plan = plan_strategies(SEED, ClusterSpec())
+    plan = plan_spec(SEED, ClusterSpec())
     # one whole volume needs more than the card with every single-GPU lever
     assert all(c.per_gpu_peak_bytes > plan.usable_bytes for c in plan.candidates if c.gpus == 1)
     chosen = by_label(plan, plan.recommended)
@@ -85,7 +90,7 @@ def test_spatial_part_counts_are_powers_of_two_within_the_gpus(cluster, axis_len
 
 
 def test_the_seed_volume_on_one_gpu_only_gets_a_crop_that_fits():
-    plan = plan_strategies(SEED, ClusterSpec(max_gpus=1))
+    plan = plan_spec(SEED, ClusterSpec(max_gpus=1))
     assert {c.gpus for c in plan.candidates} == {1}
     assert plan.recommended is None and "crops" in plan.reason
     crop = plan.largest_sample_shape
@@ -101,7 +106,7 @@ def test_data_parallel_on_the_gpus_given_with_accumulation_to_the_global_batch()
     spec = TrainingSpec(model="mlp", model_args=dict(in_features=1024, hidden=4096, depth=4),
                         sample_shape=(1024,), gpu="T4", machine=MACHINE)
     cluster = ClusterSpec(gpus_per_node=8, global_batch=1 << 20)
-    plan = plan_strategies(spec, cluster)
+    plan = plan_spec(spec, cluster)
     chosen = by_label(plan, plan.recommended)
     assert chosen.gpus == 8 and chosen.fits
     assert chosen.accumulation_steps == math.ceil((1 << 20) / (chosen.max_batch_size * 8))
@@ -109,6 +114,16 @@ def test_data_parallel_on_the_gpus_given_with_accumulation_to_the_global_batch()
     baseline = by_label(plan, "baseline")
     assert ddp.max_batch_size <= baseline.max_batch_size    # buckets cost memory
     assert ddp.communication_s > 0 and baseline.communication_s == 0
-    forced = plan_strategies(spec, cluster.model_copy(update={"strategy": Strategy.ZERO2}))
+    forced = plan_spec(spec, cluster.model_copy(update={"strategy": Strategy.ZERO2}))
     assert by_label(forced, forced.recommended).strategy is Strategy.ZERO2
     assert forced.reason.startswith("forced by --strategy zero2")
+
+
+def test_the_planner_imports_neither_the_pipeline_nor_the_report_models():
+    # the estimator is injected (memcalc.api), so the strategies sit below the pipeline
+    code = ("import sys, memcalc.strategies, memcalc.strategies.rules; print(sorted(m for m in "
+            "sys.modules if m.startswith(('memcalc.pipeline', 'memcalc.report', "
+            "'memcalc.model.source'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert loaded == "[]"

@@ -116,8 +116,9 @@ def check(ctx, as_json, **options) -> None:
 def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
          emit, as_json, **options) -> None:
     """Which strategy to use: each traced or derived, ranked, with launch files."""
+    from memcalc.api import plan_spec
     from memcalc.render.plan import plan_renderable
-    from memcalc.strategies import ClusterSpec, plan_strategies
+    from memcalc.strategies import ClusterSpec
 
     def work():
         loader, machine = loader_and_machine(options)
@@ -126,7 +127,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
                               interconnect=interconnect, mfu=spec.feed.mfu,
                               gradient_as_bucket_view=bucket_view, strategy=forced,
                               max_gpus=max_gpus)
-        result = plan_strategies(spec, cluster)
+        result = plan_spec(spec, cluster)
         if emit == "torchrun":
             click.echo(result.torchrun or "")
         elif emit == "slurm":

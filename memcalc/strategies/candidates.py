@@ -1,71 +1,60 @@
-"""The candidates: single-GPU variants traced on their own, distributed ones derived in
-closed form from a traced variant's linear batch model."""
+"""The candidates: a traced variant on one GPU, or a derived strategy on N GPUs in closed form
+on a traced variant's lines, moved by the strategy's rule (``memcalc.strategies.rules``)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from memcalc.errors import TraceError
-from memcalc.device.speed import compute_seconds
-from memcalc.device.gpus import GpuSpec
-from memcalc.pipeline import estimate, training_step_flops
-from memcalc.report.models import Report
-from memcalc.specs import Precision, TrainingSpec
-from memcalc.strategies.cost import (
-    all_reduce_seconds,
-    bandwidth_bytes_per_s,
-    fsdp_seconds,
-)
+from memcalc.strategies.cost import bandwidth_bytes_per_s
 from memcalc.strategies.launch import per_process_host
+from memcalc.strategies.lines import UNBOUNDED_BATCH, Derivation, fitted_lines
 from memcalc.strategies.report import Candidate
-from memcalc.strategies.sharding import (
-    ZERO_STAGE,
-    ModelStates,
-    ddp_bucket_bytes,
-    gathered_unit_bytes,
-    sharded_state_bytes,
-)
-from memcalc.strategies.specs import ClusterSpec, Strategy
 from memcalc.units import format_bytes
+
+if TYPE_CHECKING:
+    from memcalc.device.gpus import GpuSpec
+    from memcalc.strategies.rules import DerivedRule
+    from memcalc.strategies.sharding import ModelStates
+    from memcalc.strategies.specs import ClusterSpec, Strategy
+    from memcalc.strategies.variants import TracedVariant, VariantEstimator
 
 HOST_LINK_BYTES_PER_S = 25e9
 """PCIe 4.0 x16 between GPU and pinned host memory, one direction."""
-DISTRIBUTED = (Strategy.DDP, Strategy.DATA_PARALLEL, Strategy.ZERO1, Strategy.ZERO2,
-               Strategy.FSDP, Strategy.PIPELINE)
+
+Sized = tuple[Candidate | None, str | None]
+"""A derived strategy's candidate (None: none could be built) and why not, when it says."""
 
 
 @dataclass(frozen=True)
-class TracedVariant:
-    """One single-GPU configuration, traced and planned."""
+class PlanContext:
+    """What sizing a derived strategy sees besides its base and the states."""
 
-    strategy: Strategy
-    spec: TrainingSpec
-    report: Report
-    flops_per_sample: float
-    convolution_fraction: float = 0.0
-
-    def compute_seconds(self, flops: float, gpu, mfu: float) -> float:
-        return compute_seconds(flops, gpu, self.spec.precision, mfu, self.convolution_fraction,
-                               self.spec.cudnn_tf32)
-
-    @property
-    def label(self) -> str:
-        return self.strategy.value
+    cluster: ClusterSpec
+    gpu: GpuSpec
+    estimator: VariantEstimator
+    """For strategies that trace their own variant (one spatial slab)."""
+    not_splittable: str | None = None
+    """Why one sample cannot be split spatially; None: it can."""
 
 
-def traced_variant(strategy: Strategy, spec: TrainingSpec) -> TracedVariant:
-    report = estimate(spec.with_changes(batch_size=None))
-    try:
-        flops = training_step_flops(spec, 1)
-    except TraceError:
-        return TracedVariant(strategy, spec, report, 0.0)
-    return TracedVariant(strategy, spec, report, float(flops.total), flops.convolution_fraction)
+@dataclass(frozen=True)
+class Batching:
+    """Micro-batch per GPU, accumulation steps, and the global batch they make."""
+
+    micro: int
+    steps: int
+    global_batch: int
 
 
-def mixed_precision_for(gpu: GpuSpec) -> Precision:
-    """bf16 autocast where the card has bf16 tensor cores (Ampere on), else fp16."""
-    return Precision.BF16_MIXED if gpu.bf16_tflops else Precision.FP16_MIXED
+@dataclass(frozen=True)
+class Timing:
+    """FLOPs and seconds of one optimizer step."""
+
+    flops: float
+    compute_s: float
+    communication_s: float
 
 
 def host_offload_cap(variant: TracedVariant, processes: int) -> int | None:
@@ -82,12 +71,15 @@ def host_offload_cap(variant: TracedVariant, processes: int) -> int | None:
 
 
 def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec) -> Candidate:
+    """``variant`` on one GPU at its planned batch (or what host RAM allows when offloading),
+    accumulating to the cluster's global batch."""
     plan = variant.report.device.plan
     micro = plan.max_batch_size
     cap = host_offload_cap(variant, 1)
     if cap is not None and cap < micro:
         micro = cap
-    steps, global_batch = _accumulation(cluster.global_batch, micro, 1)
+    batching = _accumulation(cluster.global_batch, micro, 1)
+    steps = batching.steps
     peak = (variant.report.device.total_bytes if micro == plan.max_batch_size   # traced there
             else _peak(plan.model_bytes, plan.per_sample_bytes, micro))
     compute = steps * variant.compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
@@ -101,169 +93,98 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
         notes.append(f"needs {format_bytes(offloaded)} of pinned host RAM per GPU process for "
                      "the offloaded activations; their copies out and back are timed at "
                      f"{HOST_LINK_BYTES_PER_S / 1e9:g} GB/s, not overlapped")
-    if steps > 1 and variant.strategy is not Strategy.ACCUMULATION:
+    if steps > 1 and not variant.rule.keeps_gradients:
         notes.append("accumulating needs the gradients kept between micro-batches; see the "
                      "'accumulation' candidate for that peak")
-    return _candidate(variant.strategy, variant.label, 1, "traced", peak, micro, steps,
-                      global_batch, variant.flops_per_sample * max(micro, 1) * steps, compute,
-                      transfer, notes)
+    timing = Timing(variant.flops_per_sample * max(micro, 1) * steps, compute, transfer)
+    return _candidate(strategy=variant.strategy, label=variant.label, gpus=1, method="traced",
+                      peak=peak, batching=batching, timing=timing, notes=notes)
 
 
-@dataclass(frozen=True)
-class _Line:
-    """bytes(b) = fixed + per_sample × b."""
-
-    fixed: float
-    per_sample: float
-
-    def at(self, batch: int) -> float:
-        return self.fixed + self.per_sample * batch
-
-    def largest_batch(self, budget: float) -> int:
-        if self.per_sample <= 0:
-            return 1 << 24 if self.fixed <= budget else 0
-        return max(0, math.floor((budget - self.fixed) / self.per_sample))
-
-
-def _lines(base: TracedVariant) -> tuple[_Line, _Line, float]:
-    """The traced compute and optimizer-step lines (live tensor bytes) and the allocator's
-    reserve ratio, from the base's two fitted plan points."""
-    plan = base.report.device.plan
-    points = {point.batch_size: point for point in plan.points}
-    low, high = (points[b] for b in plan.fit_batches)
-    span = high.batch_size - low.batch_size
-
-    def line(field: str) -> _Line:
-        slope = (getattr(high, field) - getattr(low, field)) / span
-        return _Line(getattr(low, field) - slope * low.batch_size, slope)
-
-    context = base.report.device.context_bytes or 0
-    reserve = (high.total_bytes - context) / high.allocated_bytes
-    return line("compute_peak_bytes"), line("optimizer_peak_bytes"), reserve
-
-
-def distributed_candidate(strategy: Strategy, base: TracedVariant, gpus: int,
+def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
                           cluster: ClusterSpec, gpu: GpuSpec, states: ModelStates) -> Candidate:
-    """``strategy`` over ``gpus`` GPUs, derived from ``base``'s traced compute and optimizer
-    lines: sharded states leave both, the optimizer's temporaries shrink with the shard.
-    For ``spatial`` the base is traced on one GPU's slab (``base.spec.spatial_parts``)."""
+    """``rule``'s strategy over ``gpus`` GPUs, derived from ``base``'s traced compute and
+    optimizer lines as the rule moves them; for a base traced on one GPU's share of each
+    sample (``rule.traced_per_gpu``) those lines are already one GPU's."""
     device, plan = base.report.device, base.report.device.plan
-    notes: list[str] = []
-    compute, step, reserve = _lines(base)
-    compute, step, data_ranks = _strategy_lines(strategy, base, gpus, cluster, states, compute,
-                                                step, notes)
+    fitted = fitted_lines(base)
+    lines = rule.memory(Derivation(fitted.compute, fitted.step, base, gpus, cluster, states))
+    notes = list(lines.notes)
     context = device.context_bytes or 0
-    budget = (plan.usable_bytes - context) / reserve
-    micro = min(compute.largest_batch(budget), step.largest_batch(budget), 1 << 24)
+    budget = (plan.usable_bytes - context) / fitted.reserve
+    micro = min(lines.compute.largest_batch(budget), lines.step.largest_batch(budget),
+                UNBOUNDED_BATCH)
     cap = host_offload_cap(base, cluster.gpus_per_node_for(gpus))
     if cap is not None and cap < micro:
         micro = cap
         notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
-    peak = int(max(compute.at(max(micro, 1)), step.at(max(micro, 1))) * reserve + context)
-    steps, global_batch = _accumulation(cluster.global_batch, micro, data_ranks)
-    if strategy is Strategy.PIPELINE and micro >= 1:
-        steps = max(steps, 2 * gpus)       # micro-batches in flight keep the bubble small
-        global_batch = steps * micro
-    # every GPU of a spatial group computes its own slab of the same samples
+    peak = int(max(lines.compute.at(max(micro, 1)), lines.step.at(max(micro, 1)))
+               * fitted.reserve + context)
+    batching = _in_flight(_accumulation(cluster.global_batch, micro, lines.data_ranks),
+                          rule.micro_batches_in_flight(gpus), lines.data_ranks)
+    steps = batching.steps
+    # a base traced per GPU computes its share of the same samples on every GPU
     flops = base.flops_per_sample * max(micro, 1) * steps * (
-        gpus if strategy is Strategy.SPATIAL else data_ranks)
-    compute_s = _distributed_compute(strategy, base, flops, gpus, steps, cluster, gpu)
+        gpus if rule.traced_per_gpu else lines.data_ranks)
+    compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu), steps, gpus)
     bandwidth = bandwidth_bytes_per_s(cluster, gpus)
     halo_per_sample = device.halo_exchange_bytes / max(device.batch_size, 1)
-    communication = (_communication(strategy, states, gpus, bandwidth)
+    communication = (rule.communication_s(states, gpus, bandwidth)
                      + steps * 2 * halo_per_sample * max(micro, 1) / bandwidth
                      + steps * 2 * device.offloaded_bytes / HOST_LINK_BYTES_PER_S)
-    parts, spatial = base.spec.spatial_parts, strategy is Strategy.SPATIAL
-    name = f"spatial×{parts}" if spatial else strategy.value
-    label = name if base.strategy is Strategy.BASELINE else f"{name} + {base.label}"
-    method = f"traced slab (1/{parts}) of {base.label}" if spatial else f"derived from {base.label}"
-    return _candidate(strategy, label, gpus, method, peak, micro, steps, global_batch, flops,
-                      compute_s, communication, notes, spatial_parts=parts)
+    name = rule.name(base.spec)
+    label = name if base.rule.as_given else f"{name} + {base.label}"
+    return _candidate(strategy=rule.strategy, label=label, gpus=gpus, method=rule.method(base),
+                      peak=peak, batching=batching,
+                      timing=Timing(flops, compute_s, communication), notes=notes,
+                      spatial_parts=base.spec.spatial_parts)
 
 
-def _strategy_lines(strategy: Strategy, base: TracedVariant, gpus: int, cluster: ClusterSpec,
-                    states: ModelStates, compute: _Line, step: _Line, notes: list[str]
-                    ) -> tuple[_Line, _Line, int]:
-    """The compute and optimizer-step lines under ``strategy``, and its data-parallel ranks."""
-    data_ranks = gpus
-    if strategy in (Strategy.DDP, Strategy.SPATIAL):
-        buckets = ddp_bucket_bytes(states, cluster.gradient_as_bucket_view)
-        compute, step = _shift(compute, buckets), _shift(step, buckets)
-        notes.append("gradient buckets: a flat copy of the gradients"
-                     if not cluster.gradient_as_bucket_view else "gradient_as_bucket_view")
-    if strategy is Strategy.SPATIAL:
-        parts = base.spec.spatial_parts
-        data_ranks = gpus // parts
-        notes.append(f"every sample split over {parts} GPUs along its longest spatial axis, "
-                     "halos exchanged in every padded convolution (traced on one slab)"
-                     + (f"; {data_ranks} such groups data-parallel" if data_ranks > 1 else ""))
-        notes.append(f"process groups: init_device_mesh('cuda', ({data_ranks}, {parts}), "
-                     "mesh_dim_names=('data', 'spatial')); halos within 'spatial', gradients "
-                     "all-reduced over both")
-    elif strategy in (Strategy.ZERO1, Strategy.ZERO2, Strategy.FSDP):
-        stage = ZERO_STAGE[strategy.value]
-        sharded = sharded_state_bytes(states, gpus, stage)
-        unsharded = 1 - 1 / gpus
-        # forward/backward: sharded optimizer state (and parameters at stage 3) leave; the
-        # gathered units join; gradients are conservatively kept as traced
-        compute = _shift(compute, gathered_unit_bytes(states, stage) - unsharded * (
-            states.optimizer_state_bytes + (states.parameter_bytes if stage >= 3 else 0)))
-        # optimizer step: only the shard is stepped, so its temporaries shrink too
-        step = _Line(sharded + (step.fixed - states.total_bytes) / gpus, step.per_sample)
-    elif strategy is Strategy.DATA_PARALLEL:
-        device = base.report.device
-        per_input_sample = base.report.static.input_batch_bytes / max(device.batch_size, 1)
-        compute = _Line(compute.fixed, compute.per_sample + (gpus - 1) * per_input_sample)
-        notes.append("legacy nn.DataParallel: GPU0 scatters every GPU's inputs and gathers "
-                     "outputs; one process, slower than DDP")
-    elif strategy is Strategy.PIPELINE:
-        compute = _Line(compute.fixed / gpus, compute.per_sample)
-        step = _Line(step.fixed / gpus, step.per_sample)
-        data_ranks = 1
-        notes.append(f"{gpus} stages; the first stage keeps {gpus} micro-batches of its "
-                     "layers' activations (1F1B), about one full micro-batch")
-    return compute, step, data_ranks
+def fewest_fitting_gpus(rule: DerivedRule, base: TracedVariant, states: ModelStates,
+                        context: PlanContext) -> Sized:
+    """On the GPUs given; with one GPU given, the fewest GPUs (powers of two up to
+    ``max_gpus``) that fit; nothing when the cluster allows one GPU only."""
+    cluster = context.cluster
+    if cluster.gpus > 1:
+        return distributed_candidate(rule, base, cluster.gpus, cluster, context.gpu, states), None
+    gpus, candidate = 2, None
+    while gpus <= cluster.max_gpus:
+        candidate = distributed_candidate(rule, base, gpus, cluster, context.gpu, states)
+        if candidate.fits or not rule.more_gpus_fit:
+            return candidate, None
+        gpus *= 2
+    return candidate, None
 
 
-def _shift(line: _Line, nbytes: float) -> _Line:
-    return _Line(line.fixed + nbytes, line.per_sample)
-
-
-def _distributed_compute(strategy, base, flops, gpus, steps, cluster, gpu) -> float:
-    per_gpu = base.compute_seconds(flops / gpus, gpu, cluster.mfu)
-    if strategy is Strategy.PIPELINE:
-        return per_gpu * (steps + gpus - 1) / steps      # the pipeline bubble
-    return per_gpu
-
-
-def _communication(strategy: Strategy, states: ModelStates, gpus: int, bandwidth: float) -> float:
-    if strategy in (Strategy.DDP, Strategy.DATA_PARALLEL, Strategy.ZERO1, Strategy.ZERO2,
-                    Strategy.SPATIAL):
-        return all_reduce_seconds(states.gradient_bytes, gpus, bandwidth)
-    if strategy is Strategy.FSDP:
-        return fsdp_seconds(states.parameter_bytes, states.gradient_bytes, gpus, bandwidth)
-    return 0.0   # pipeline: activations between stages, small next to the states
-
-
-def _accumulation(global_batch: int | None, micro: int, ranks: int) -> tuple[int, int]:
+def _accumulation(global_batch: int | None, micro: int, ranks: int) -> Batching:
     if micro < 1:
-        return 1, 0
+        return Batching(micro, 1, 0)
     if global_batch is None:
-        return 1, micro * ranks
+        return Batching(micro, 1, micro * ranks)
     steps = math.ceil(global_batch / (micro * ranks))
-    return steps, steps * micro * ranks
+    return Batching(micro, steps, steps * micro * ranks)
+
+
+def _in_flight(batching: Batching, fewest_steps: int, ranks: int) -> Batching:
+    """At least ``fewest_steps`` micro-batches per optimizer step, the global batch with them."""
+    if batching.micro < 1 or batching.steps >= fewest_steps:
+        return batching
+    return Batching(batching.micro, fewest_steps, fewest_steps * batching.micro * ranks)
 
 
 def _peak(model_bytes: int, per_sample: int, micro: int) -> int:
     return model_bytes + max(micro, 1) * per_sample
 
 
-def _candidate(strategy, label, gpus, method, peak, micro, steps, global_batch, flops, compute,
-               communication, notes, spatial_parts: int = 1) -> Candidate:
-    step_time = compute + communication
+def _candidate(*, strategy: Strategy, label: str, gpus: int, method: str, peak: int,
+               batching: Batching, timing: Timing, notes: list[str],
+               spatial_parts: int = 1) -> Candidate:
+    step_time = timing.compute_s + timing.communication_s
     return Candidate(
         strategy=strategy, label=label, gpus=gpus, spatial_parts=spatial_parts, method=method,
-        per_gpu_peak_bytes=peak, max_batch_size=micro, accumulation_steps=steps,
-        global_batch_size=global_batch, flops_per_step=flops, compute_s=compute,
-        communication_s=communication, step_time_s=step_time, samples_per_s=global_batch / step_time if step_time else 0.0,
-        fits=micro >= 1, notes=notes)
+        per_gpu_peak_bytes=peak, max_batch_size=batching.micro,
+        accumulation_steps=batching.steps, global_batch_size=batching.global_batch,
+        flops_per_step=timing.flops, compute_s=timing.compute_s,
+        communication_s=timing.communication_s, step_time_s=step_time,
+        samples_per_s=batching.global_batch / step_time if step_time else 0.0,
+        fits=batching.micro >= 1, notes=notes)

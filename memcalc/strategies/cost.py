@@ -19,6 +19,7 @@ def bandwidth_bytes_per_s(cluster: ClusterSpec, gpus: int) -> float:
 
 
 def all_reduce_seconds(nbytes: int, gpus: int, bandwidth: float) -> float:
+    """Ring all-reduce of ``nbytes`` over ``gpus``: 2(N−1)/N of the bytes per GPU."""
     return 2 * (gpus - 1) / gpus * nbytes / bandwidth if gpus > 1 else 0.0
 
 

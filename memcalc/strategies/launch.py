@@ -20,6 +20,7 @@ def node_layout(candidate: Candidate, cluster: ClusterSpec) -> tuple[int, int]:
 
 
 def torchrun_command(candidate: Candidate, cluster: ClusterSpec, script: str = SCRIPT) -> str:
+    """One torchrun per node, one process per GPU; a c10d rendezvous across nodes."""
     nodes, per_node = node_layout(candidate, cluster)
     rendezvous = (" --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:29500"
                   if nodes > 1 else " --standalone")

@@ -3,73 +3,87 @@ them, recommend one with its reason, and write how to launch it."""
 
 from __future__ import annotations
 
-from memcalc.trace.checkpointing import repeated_blocks
+from typing import TYPE_CHECKING
+
+from memcalc.device.gpus import GpuSpec, find_gpu
 from memcalc.errors import InputError
-from memcalc.device.gpus import find_gpu
-from memcalc.model.source import resolve_model
-from memcalc.pipeline import estimate
-from memcalc.trace.halos import not_splittable_reason
-from memcalc.specs import DeviceKind, Precision, TrainingSpec
-from memcalc.strategies.candidates import (
-    DISTRIBUTED,
-    TracedVariant,
-    distributed_candidate,
-    mixed_precision_for,
-    single_gpu_candidate,
-    traced_variant,
-)
+from memcalc.specs import DeviceKind, TrainingSpec
+from memcalc.strategies.candidates import PlanContext, single_gpu_candidate
 from memcalc.strategies.launch import slurm_header, torchrun_command
 from memcalc.strategies.report import Candidate, StrategyPlan
+from memcalc.strategies.rules import (
+    MIXED_PRECISIONS,
+    VariantContext,
+    derived_rules,
+    traced_rules,
+)
 from memcalc.strategies.sharding import ModelStates, largest_unit_fraction
-from memcalc.strategies.spatial import MAX_TRACES_PER_BASE, fewest_spatial_parts
-from memcalc.strategies.specs import ClusterSpec, Strategy
+from memcalc.strategies.spatial import MAX_TRACES_PER_BASE
+from memcalc.strategies.specs import ClusterSpec
+from memcalc.strategies.variants import (
+    TracedVariant,
+    VariantEstimator,
+    mixed_precision_for,
+    traced_variant,
+)
+from memcalc.trace.checkpointing import repeated_blocks
+from memcalc.trace.halos import not_splittable_reason
 from memcalc.units import format_bytes
 
-_MIXED = (Precision.BF16_MIXED, Precision.FP16_MIXED)
+if TYPE_CHECKING:
+    from torch import nn
+
 CROP_SEARCH_TRACES = 7
 
 
-def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
-    """Every strategy for ``spec`` on ``cluster``'s GPUs; needs ``spec.gpu``."""
+def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec,
+                    estimator: VariantEstimator) -> StrategyPlan:
+    """Every strategy for ``spec`` on ``cluster``'s GPUs, each variant traced by
+    ``estimator``; needs ``spec.gpu``. ``memcalc.api.plan_spec`` passes the pipeline's."""
     if spec.gpu is None or spec.device is not DeviceKind.CUDA:
         raise InputError("the strategy planner needs a GPU for capacity and speed: give --gpu "
                          "(see `memcalc gpus`)")
     gpu = find_gpu(spec.gpu)
-    model = resolve_model(spec.model, spec.model_args).build_meta()
-    variants = _traced_variants(spec, gpu, bool(repeated_blocks(model)))
-    baseline = variants[0]
+    model = estimator.model(spec)
+    variants = traced_variants(spec, _variant_context(spec, gpu, model), estimator)
+    baseline = next(v for v in variants if v.rule.as_given)
     candidates = [single_gpu_candidate(v, cluster, gpu) for v in variants]
     leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
                                            v.report.device.plan.model_bytes))
-    bases = [v for v in variants if v.strategy is not Strategy.ACCUMULATION]
     not_splittable = not_splittable_reason(model, baseline.report.input.traced_batch_shape[1:])
-    spatial_failures: list[str] = []
-    for base in bases:
-        states = _states(base, largest_unit_fraction(model))
-        if cluster.gpus > 1 or cluster.max_gpus > 1:
-            candidates += [_at_fitting_size(s, base, cluster, gpu, states) for s in DISTRIBUTED]
-        forced = cluster.strategy is Strategy.SPATIAL
-        if not_splittable is None and (base.report.device.plan.max_batch_size == 0 or forced):
-            spatial, failure = fewest_spatial_parts(base, cluster, gpu, states)
-            candidates.extend([spatial] if spatial else [])
-            spatial_failures.extend([failure] if failure else [])
-    ranked = sorted(candidates, key=lambda c: _rank_key(c, cluster))
+    context = PlanContext(cluster, gpu, estimator, not_splittable)
+    derived, failures = _derived_candidates(variants, largest_unit_fraction(model), context)
+    ranked = sorted(candidates + derived, key=lambda c: _rank_key(c, cluster))
     chosen = _choose(ranked, cluster)
     usable = baseline.report.device.plan.usable_bytes
     host = baseline.report.host
-    crop = None if chosen or cluster.strategy else largest_fitting_sample(leanest, usable)
+    crop = (None if chosen or cluster.strategy
+            else largest_fitting_sample(leanest, usable, estimator))
     return StrategyPlan(
         cluster=cluster, usable_bytes=usable, candidates=ranked,
-        recommended=chosen.label if chosen else None, reason=_reason(chosen, ranked, cluster, usable, not_splittable),
+        recommended=chosen.label if chosen else None,
+        reason=_reason(chosen, ranked, cluster, usable, not_splittable),
         torchrun=torchrun_command(chosen, cluster) if chosen else None,
         slurm=slurm_header(chosen, cluster, host) if chosen else None,
-        assumptions=_assumptions(spec, cluster, model, not_splittable) + spatial_failures,
+        assumptions=_assumptions(cluster, model, not_splittable) + failures,
         largest_sample_shape=crop,
         largest_sample_strategy=leanest.label if crop else None,
     )
 
 
-def largest_fitting_sample(variant: TracedVariant, usable: int) -> tuple[int, ...] | None:
+def traced_variants(spec: TrainingSpec, context: VariantContext,
+                    estimator: VariantEstimator) -> list[TracedVariant]:
+    """Every traced rule that applies to ``spec``, traced, in registration order."""
+    variants = []
+    for rule in traced_rules():
+        variant_spec = rule.variant(spec, context)
+        if variant_spec is not None:
+            variants.append(traced_variant(rule, variant_spec, estimator))
+    return variants
+
+
+def largest_fitting_sample(variant: TracedVariant, usable: int,
+                           estimator: VariantEstimator) -> tuple[int, ...] | None:
     """When nothing fits: the largest sample, every non-channel axis scaled by one factor
     (multiples of 16 from 32 on), whose batch of one fits with ``variant`` (traced)."""
     spec, report = variant.spec, variant.report
@@ -83,7 +97,7 @@ def largest_fitting_sample(variant: TracedVariant, usable: int) -> tuple[int, ..
     def fits(candidate: tuple[int, ...]) -> bool:
         trial = spec.with_changes(sample_shape=candidate, batch_size=1, gpu=None,
                                   gpu_memory_bytes=None)
-        return estimate(trial).device.total_bytes <= usable
+        return estimator.report(trial).device.total_bytes <= usable
 
     low, high, best = 0.0, 1.0, None
     for _ in range(CROP_SEARCH_TRACES):
@@ -100,22 +114,24 @@ def _round_dim(value: float) -> int:
     return max(16, int(value) // 16 * 16) if value >= 32 else max(1, int(value))
 
 
-def _traced_variants(spec: TrainingSpec, gpu, has_blocks: bool) -> list[TracedVariant]:
-    variants = [traced_variant(Strategy.BASELINE, spec)]
-    mixed = spec.precision if spec.precision in _MIXED else mixed_precision_for(gpu)
-    if spec.precision not in _MIXED:
-        variants.append(traced_variant(Strategy.MIXED_PRECISION, spec.with_changes(precision=mixed)))
-    if has_blocks and not spec.activation_checkpointing:
-        variants.append(traced_variant(Strategy.CHECKPOINTING,
-                                       spec.with_changes(activation_checkpointing=True)))
-        variants.append(traced_variant(Strategy.MIXED_PRECISION_CHECKPOINTING, spec.with_changes(
-            activation_checkpointing=True, precision=mixed)))
-    if not spec.offload_activations:
-        variants.append(traced_variant(Strategy.MIXED_PRECISION_OFFLOAD, spec.with_changes(
-            offload_activations=True, precision=mixed)))
-    variants.append(traced_variant(Strategy.ACCUMULATION, spec.with_changes(
-        zero_grad_to_none=False)))
-    return variants
+def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module) -> VariantContext:
+    # a job already in mixed precision keeps its own autocast in every mixed variant
+    mixed = spec.precision if spec.precision in MIXED_PRECISIONS else mixed_precision_for(gpu)
+    return VariantContext(mixed_precision=mixed, has_blocks=bool(repeated_blocks(model)))
+
+
+def _derived_candidates(variants: list[TracedVariant], unit_fraction: float,
+                        context: PlanContext) -> tuple[list[Candidate], list[str]]:
+    """Every derived rule on every base variant, and why a rule could not build one."""
+    candidates: list[Candidate] = []
+    failures: list[str] = []
+    for base in (v for v in variants if v.rule.base):
+        states = _states(base, unit_fraction)
+        for rule in derived_rules():
+            candidate, failure = rule.size(rule, base, states, context)
+            candidates.extend([candidate] if candidate else [])
+            failures.extend([failure] if failure else [])
+    return candidates, failures
 
 
 def _states(base: TracedVariant, unit_fraction: float) -> ModelStates:
@@ -124,19 +140,6 @@ def _states(base: TracedVariant, unit_fraction: float) -> ModelStates:
                        gradient_bytes=static.gradient_bytes,
                        optimizer_state_bytes=static.optimizer_state_bytes,
                        largest_unit_parameter_bytes=int(static.parameter_bytes * unit_fraction))
-
-
-def _at_fitting_size(strategy, base, cluster, gpu, states) -> Candidate:
-    """On the GPUs given; with one GPU given, the fewest GPUs (powers of two) that fit."""
-    if cluster.gpus > 1:
-        return distributed_candidate(strategy, base, cluster.gpus, cluster, gpu, states)
-    gpus, candidate = 2, None
-    while gpus <= cluster.max_gpus:
-        candidate = distributed_candidate(strategy, base, gpus, cluster, gpu, states)
-        if candidate.fits or strategy in (Strategy.DDP, Strategy.DATA_PARALLEL, Strategy.ZERO1):
-            return candidate   # replicated states: more GPUs never make these fit
-        gpus *= 2
-    return candidate
 
 
 def _rank_key(candidate: Candidate, cluster: ClusterSpec) -> tuple:
@@ -194,8 +197,7 @@ def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterS
     return reason
 
 
-def _assumptions(spec: TrainingSpec, cluster: ClusterSpec, model,
-                 not_splittable: str | None) -> list[str]:
+def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | None) -> list[str]:
     blocks = repeated_blocks(model)
     spatial = (f"spatial parallelism not applicable: {not_splittable}" if not_splittable else
                "spatial parallelism, when one sample does not fit one GPU: every sample split "

@@ -16,9 +16,6 @@ from torch import nn
 
 from memcalc.trace.checkpointing import repeated_blocks
 
-ZERO_STAGE = {"zero1": 1, "zero2": 2, "fsdp": 3}
-
-
 @dataclass(frozen=True)
 class ModelStates:
     """Bytes of the states one unsharded rank holds, and of the largest FSDP unit."""

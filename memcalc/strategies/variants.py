@@ -1,0 +1,82 @@
+"""Single-GPU variants of a job, traced on their own, and the estimator that traces them.
+
+The planner does not trace by itself: the caller injects a ``VariantEstimator`` (``memcalc.api``
+builds one on ``memcalc.pipeline``), so this package stays below the pipeline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memcalc.device.gpus import GpuSpec
+from memcalc.device.speed import compute_seconds
+from memcalc.errors import TraceError
+from memcalc.specs import Precision, TrainingSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from memcalc.report.models import Report
+    from memcalc.strategies.rules import TracedRule
+    from memcalc.strategies.specs import Strategy
+    from memcalc.trace.flops import StepFlops
+
+
+@dataclass(frozen=True)
+class VariantEstimator:
+    """What the planner needs from the estimator: a report per spec (its batch planned when
+    the spec has a capacity), the FLOPs of a training step, and the model built on the meta
+    device (for its repeated blocks and whether a sample can be split spatially)."""
+
+    report: Callable[[TrainingSpec], Report]
+    flops: Callable[[TrainingSpec, int], StepFlops]
+    model: Callable[[TrainingSpec], nn.Module]
+
+
+@dataclass(frozen=True)
+class TracedVariant:
+    """One single-GPU configuration, traced and planned."""
+
+    rule: TracedRule
+    spec: TrainingSpec
+    report: Report
+    flops_per_sample: float
+    convolution_fraction: float = 0.0
+
+    def compute_seconds(self, flops: float, gpu: GpuSpec, mfu: float) -> float:
+        """Seconds of ``flops`` on ``gpu`` at this variant's precision and convolution share."""
+        return compute_seconds(flops, gpu, self.spec.precision, mfu, self.convolution_fraction,
+                               self.spec.cudnn_tf32)
+
+    @property
+    def strategy(self) -> Strategy:
+        """The strategy its rule traces."""
+        return self.rule.strategy
+
+    @property
+    def label(self) -> str:
+        """Its name in candidates' labels and in the plan."""
+        return self.rule.strategy.value
+
+
+def traced_variant(rule: TracedRule, spec: TrainingSpec,
+                   estimator: VariantEstimator) -> TracedVariant:
+    """``spec`` traced and planned under ``rule``; a step whose FLOPs cannot be counted is
+    timed at zero FLOPs rather than dropped (its memory is still known)."""
+    report = estimator.report(spec.with_changes(batch_size=None))
+    device = report.device
+    if device.flops is not None and device.batch_size:   # counted in the trace that ran
+        return TracedVariant(rule, spec, report, device.flops.total / device.batch_size,
+                             device.flops.convolution_fraction)
+    try:
+        flops = estimator.flops(spec, 1)
+    except TraceError:
+        return TracedVariant(rule, spec, report, 0.0)
+    return TracedVariant(rule, spec, report, float(flops.total), flops.convolution_fraction)
+
+
+def mixed_precision_for(gpu: GpuSpec) -> Precision:
+    """bf16 autocast where the card has bf16 tensor cores (Ampere on), else fp16."""
+    return Precision.BF16_MIXED if gpu.bf16_tflops else Precision.FP16_MIXED
