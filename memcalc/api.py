@@ -9,6 +9,7 @@ moved). Other keyword arguments are ``TrainingSpec`` fields (``optimizer``, ``pr
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from torch import nn
@@ -62,9 +63,10 @@ def plan_spec(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
 
 
 def pipeline_estimator() -> VariantEstimator:
-    """The strategy planner's estimator: the pipeline's reports and FLOPs, the model built
-    on the meta device."""
-    return VariantEstimator(report=estimate_spec, flops=training_step_flops, model=_meta_model)
+    """The strategy planner's estimator for one plan: the pipeline's reports (sharing
+    torchinfo's tables across the variants) and FLOPs, the model built on the meta device."""
+    return VariantEstimator(report=partial(estimate_spec, layer_tables={}),
+                            flops=training_step_flops, model=_meta_model)
 
 
 def _meta_model(spec: TrainingSpec) -> nn.Module:

@@ -14,15 +14,15 @@ from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
 from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.static import layer_table, static_estimate
+from memcalc.dtypes import INPUT_DTYPES
 from memcalc.errors import InputError, TraceError
 from memcalc.feed.sizing import HostInputs, host_and_throughput
 from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
 from memcalc.model.layout import CONV_TYPES, LayoutDecision, resolve_layout
-from memcalc.model.source import OBJECT_PREFIX, display_name, resolve_model
+from memcalc.model.source import display_name, resolve_model
 from memcalc.report.assumptions import assumptions, step_assumptions, step_unsupported
 from memcalc.report.models import InputSummary, ModelSummary, Report
-from memcalc.dtypes import INPUT_DTYPES
 from memcalc.specs import DeviceKind, OptimizerImpl, TrainingSpec
 from memcalc.trace.checkpointing import repeated_blocks
 from memcalc.trace.flops import StepFlops
@@ -30,6 +30,7 @@ from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.trace.optimizers import optimizer_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.trace.tracer import StepSetup, trace_training_step
+
 
 @dataclass
 class _Prepared:
@@ -99,13 +100,16 @@ class _Prepared:
             dtype=self.setup.policy.parameter_dtype, uses_conv=self.has_conv)
 
 
-def estimate(spec: TrainingSpec, progress: Progress | None = None) -> Report:
+def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
+             layer_tables: dict[str, tuple] | None = None) -> Report:
     """Estimate the memory of one training step described by ``spec``; plan the batch size
     when a GPU or a memory size is given; estimate host RAM and DataLoader workers.
-    With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it)."""
+    With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it).
+    ``layer_tables``: torchinfo's tables kept across the estimates of one plan, which share
+    them (see ``_layer_table``)."""
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
-    prepared = _prepare(spec, measurement)
+    prepared = _prepare(spec, measurement, layer_tables)
     usable = prepared.target.usable_bytes
     plan = plan_batch(prepared.device_report, usable)[0] if usable is not None else None
     batch_size = spec.batch_size or (plan.max_batch_size if plan and plan.max_batch_size else 1)
@@ -145,7 +149,8 @@ def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, h
     )
 
 
-def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None) -> _Prepared:
+def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
+             layer_tables: dict[str, tuple] | None = None) -> _Prepared:
     gpu = find_gpu(spec.gpu) if spec.gpu else None
     if (gpu or spec.gpu_memory_bytes) and spec.device is not DeviceKind.CUDA:
         raise InputError("--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda")
@@ -181,33 +186,26 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None) -> _Prep
                       offload_activations=spec.offload_activations, halo_axis=halo_axis,
                       cudnn=profile.cudnn if spec.device is DeviceKind.CUDA else None,
                       cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32)
-    layers, leaf_output_elements, table_error = _layer_table(spec, model,
-                                                             layout.traced_sample_shape,
-                                                             input_dtype)
+    layers, leaf_output_elements, table_error = _layer_table(
+        spec, model, layout.traced_sample_shape, input_dtype, layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
     return _Prepared(DeviceTarget(spec, gpu, profile, capacity, headroom), model, layout, setup,
                      has_conv, leaf_output_elements, sample_shape, dtype_name, layers,
                      table_error)
 
 
-_LAYER_TABLES: dict[str, tuple] = {}
-_LAYER_TABLES_KEPT = 16
-
-
 def _layer_table(spec: TrainingSpec, model: torch.nn.Module, sample_shape: tuple[int, ...],
-                 dtype: torch.dtype) -> tuple:
-    """torchinfo's table, once per model and input: the strategy planner estimates many
-    variants of one job (precision, checkpointing, parallelism) that share it. Models passed
-    as objects are not cached (their name is only valid during the call)."""
-    if spec.model.startswith(OBJECT_PREFIX):
+                 dtype: torch.dtype, tables: dict[str, tuple] | None) -> tuple:
+    """torchinfo's table, once per model and input within ``tables``: the strategy planner
+    estimates many variants of one job (precision, checkpointing, parallelism) that share it.
+    ``tables`` lives for one plan, so a model edited between calls is never read stale."""
+    if tables is None:
         return layer_table(model, sample_shape, dtype)
     key = json.dumps([spec.model, spec.model_args, sample_shape, str(dtype)], sort_keys=True,
                      default=repr)
-    if key not in _LAYER_TABLES:
-        if len(_LAYER_TABLES) >= _LAYER_TABLES_KEPT:
-            _LAYER_TABLES.pop(next(iter(_LAYER_TABLES)))
-        _LAYER_TABLES[key] = layer_table(model, sample_shape, dtype)
-    return _LAYER_TABLES[key]
+    if key not in tables:
+        tables[key] = layer_table(model, sample_shape, dtype)
+    return tables[key]
 
 
 def _spatial_split(spec: TrainingSpec, model: torch.nn.Module,

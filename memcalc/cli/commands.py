@@ -39,7 +39,6 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj = {"debug": debug}
 
 
-
 @main.command()
 @model_options
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),

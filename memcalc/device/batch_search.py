@@ -1,10 +1,10 @@
 """The batch search: the largest batch whose step runs in the usable memory.
 
 Pure search over a function ``report_at(batch) -> DeviceReport`` (one traced step per call;
-its ``fits`` decides, its total steers). Two
-traces fit ``total(b) = model_bytes + b * per_sample_bytes``; the solved batch is then
-confirmed by tracing it and the next one up, and the search walks (secant steps, then
-bisection) until a traced batch fits and the next one does not.
+its ``fits`` decides, its total steers). Two traces fit
+``total(b) = model_bytes + b * per_sample_bytes``; the solved batch is then confirmed by
+tracing it and the next one up, and the search walks (secant steps, then bisection) until a
+traced batch fits and the next one does not.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import dataclass
+
+import torch
 
 from memcalc.device.allocator import replay
 from memcalc.device.allocator_settings import AllocatorSettings
@@ -18,8 +18,8 @@ from memcalc.device.report import (
     StaticEstimate,
     TimelinePoint,
 )
-from memcalc.specs import DeviceKind, TrainingSpec
 from memcalc.dtypes import element_size
+from memcalc.specs import DeviceKind, TrainingSpec
 from memcalc.trace.tracer import TraceResult
 
 TOP_MODULES = 10
