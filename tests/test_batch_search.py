@@ -9,7 +9,8 @@ USABLE = 80 * 2**30
 
 def _report(total: int, fits: bool | None = None) -> SimpleNamespace:
     """The fields of a DeviceReport the search reads."""
-    return SimpleNamespace(total_bytes=total, fits=fits, peak_allocated_bytes=total // 2,
+    return SimpleNamespace(total_bytes=total, fits=fits, method="traced",
+                           peak_allocated_bytes=total // 2,
                            compute_peak_bytes=total // 3, optimizer_peak_bytes=total // 4)
 
 

@@ -152,3 +152,23 @@ def test_fits_is_the_allocator_replayed_at_the_usable_capacity():
     cramped = estimate(base.with_changes(gpu_memory_bytes=outside + (1 << 20),
                                     headroom_fraction=0.0)).device
     assert cramped.runs_at_capacity is False and cramped.fits is False
+
+
+def test_a_batch_that_cannot_train_stays_static_and_says_so_while_larger_ones_trace():
+    from rich.console import Console
+
+    from memcalc.render.terminal import report_renderable
+
+    spec = TrainingSpec(model="tests.fixtures.models:pooled_batchnorm", sample_shape=(3, 8, 8),
+                        batch_size=4, gpu_memory_bytes=2 << 30,
+                        machine={"cpus": 2, "ram_bytes": 8 << 30})
+    report = estimate(spec)
+    assert report.device.method == "traced" and report.device.batch_size == 4
+    assert not any("STATIC" in line for line in report.unsupported)
+    methods = {point.batch_size: point.method for point in report.device.plan.points}
+    assert methods[1] == "static" and methods[8] == "traced"
+    console = Console(width=200, record=True)
+    console.print(report_renderable(report))
+    text = console.export_text()
+    assert "1: " in text and "(STATIC: the trace failed)" in text
+    assert "line through batches 1 and" in text and "traced batches:" not in text

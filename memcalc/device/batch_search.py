@@ -97,6 +97,7 @@ def _plan(usable_bytes: int, fit_batches: tuple[int, int], best: int, confirmed:
     total_a, total_b = reports[batch_a].total_bytes, reports[batch_b].total_bytes
     per_sample = max(0, round((total_b - total_a) / (batch_b - batch_a)))
     points = [PlanPoint(batch_size=batch, total_bytes=report.total_bytes, fits=fitting[batch],
+                        method=report.method,
                         allocated_bytes=report.peak_allocated_bytes,
                         compute_peak_bytes=report.compute_peak_bytes,
                         optimizer_peak_bytes=report.optimizer_peak_bytes)

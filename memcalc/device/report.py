@@ -14,13 +14,15 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class PlanPoint(BaseModel):
-    """One traced batch size and its predicted total."""
+    """One batch size the search estimated, and its predicted total."""
 
     model_config = _FROZEN
 
     batch_size: int
     total_bytes: int
     fits: bool
+    method: Literal["traced", "static"] = "traced"
+    """``static`` where the trace failed at this batch (e.g. BatchNorm at batch 1)."""
     allocated_bytes: int | None = None
     """Live tensor bytes + workspaces at the peak (what the allocator reserves for)."""
     compute_peak_bytes: int | None = None

@@ -79,11 +79,13 @@ def _breakdown_table(report: Report) -> Table:
 
 def _plan_panel(report: Report) -> Panel:
     device, plan = report.device, report.device.plan
+    static = {point.batch_size for point in plan.points if point.method == "static"}
+    fit_kind = "batches" if static & set(plan.fit_batches) else "traced batches"
     lines = [
         f"capacity {format_bytes(device.capacity_bytes)} - headroom "
         f"{format_bytes(device.headroom_bytes)} = usable {format_bytes(plan.usable_bytes)}",
         f"linear model: {format_bytes(plan.model_bytes)} + {format_bytes(plan.per_sample_bytes)} "
-        f"per sample (line through traced batches {plan.fit_batches[0]} and {plan.fit_batches[1]})",
+        f"per sample (line through {fit_kind} {plan.fit_batches[0]} and {plan.fit_batches[1]})",
     ]
     if plan.max_batch_size == 0:
         levers = ("mixed precision, checkpointing, offloading or splitting each sample over "
@@ -97,8 +99,10 @@ def _plan_panel(report: Report) -> Panel:
         lines.append(f"[bold]largest batch that fits: {plan.max_batch_size}[/] ({state} by "
                      "tracing it and the next one up)")
     traced = ", ".join(f"{point.batch_size}: {format_bytes(point.total_bytes)} "
-                       f"{'fits' if point.fits else 'over'}" for point in plan.points)
-    lines.append(f"traced batches: {traced}")
+                       f"{'fits' if point.fits else 'over'}"
+                       + (" (STATIC: the trace failed)" if point.batch_size in static else "")
+                       for point in plan.points)
+    lines.append(f"{'estimated' if static else 'traced'} batches: {traced}")
     return Panel("\n".join(lines), title="Batch plan", title_align="left")
 
 
