@@ -175,7 +175,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
         raise InputError(f"the first layer of {spec.model!r} is an embedding: token ids need "
                          f"an integer dtype, got --input-dtype {dtype_name}; use int64")
     policy = precision_policy(spec.precision)
-    setup = StepSetup(source.build_meta, (1, *layout.traced_sample_shape),
+    setup = StepSetup(source.copier(model), (1, *layout.traced_sample_shape),
                       policy.batch_dtype(input_dtype), spec.loss,
                       classes_last=not input_dtype.is_floating_point,
                       optimizer=optimizer_rule(spec.optimizer), foreach=_foreach(spec),

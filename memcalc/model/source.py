@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from memcalc.errors import ModelSourceError
+from memcalc.errors import MemcalcError, ModelSourceError
+from memcalc.model.build import build_with_meta_states, states_to_meta
 from memcalc.model.user_code import import_callable
 from models_zoo import ZOO
 
@@ -28,20 +29,43 @@ class ModelSource:
     default_input_dtype: str | None
 
     def build_meta(self) -> nn.Module:
-        """Call the factory with ``meta`` as the default device; check it returns a Module."""
+        """Call the factory once on the CPU with its parameters and buffers on ``meta``
+        (``memcalc.model.build``); check it returns a Module. Whatever the user's code raises
+        becomes a ModelSourceError naming it."""
         try:
-            with torch.device("meta"):
-                model = self.factory(**self.kwargs)
+            model = build_with_meta_states(self.factory, self.kwargs)
+        except MemcalcError:
+            raise
         except TypeError as error:
-            raise ModelSourceError(f"model {self.name!r} rejected its arguments: {error}") from error
-        except ValueError as error:
-            raise ModelSourceError(f"model {self.name!r}: {error}") from error
+            raise ModelSourceError(f"model {self.name!r} rejected its arguments: "
+                                   f"{_first_line(error)}") from error
+        except SystemExit as error:
+            raise ModelSourceError(f"model {self.name!r}: its builder called sys.exit"
+                                   f"({error.code!r}); it must return the model") from error
+        except Exception as error:  # the user's builder may raise anything
+            raise ModelSourceError(f"model {self.name!r} failed to build: "
+                                   f"{type(error).__name__}: {_first_line(error)}") from error
         if not isinstance(model, nn.Module):
             raise ModelSourceError(
                 f"{self.name!r} returned {type(model).__name__}, not a torch.nn.Module; "
                 "the callable must build and return the model"
             )
-        return model
+        return states_to_meta(model)
+
+    def copier(self, model: nn.Module) -> Callable[[], nn.Module]:
+        """Fresh meta copies of ``model`` (this source's one build), one per trace; a model
+        that cannot be deep-copied is built again instead."""
+        def copy_of_model() -> nn.Module:
+            try:
+                return meta_twin(model)
+            except Exception:  # deepcopy of user objects (locks, generators) may fail
+                return self.build_meta()
+        return copy_of_model
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else "no message"
 
 
 _OBJECTS: dict[str, Any] = {}

@@ -51,6 +51,8 @@ class StepSetup:
     """Everything needed to run the traced iterations."""
 
     build_meta_model: Callable[[], nn.Module]
+    """A fresh meta-device copy of the model (called outside the fake mode, once per trace;
+    the pipeline copies its one build, so the user's factory runs once)."""
     batch_shape: tuple[int, ...]
     batch_dtype: torch.dtype
     loss: LossKind
@@ -107,11 +109,11 @@ class _Cursor:
         return self.module_stack[-1] if self.module_stack else ""
 
 
-def step_model(setup: StepSetup, halos: ZeroHalos) -> nn.Module:
-    """The model as the step runs it, inside a fake mode: materialised in training mode, its
-    repeated blocks checkpointed, its padded layers taking ``halos`` under spatial
+def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
+    """``meta_model`` as the step runs it, inside a fake mode: materialised in training mode,
+    its repeated blocks checkpointed, its padded layers taking ``halos`` under spatial
     parallelism."""
-    model = materialize_fake(setup.build_meta_model(), setup.policy.parameter_dtype).train()
+    model = materialize_fake(meta_model, setup.policy.parameter_dtype).train()
     apply_checkpointing(model, list(setup.checkpoint_blocks))
     if setup.halo_axis is not None:
         apply_halo_exchange(model, setup.halo_axis, halos)
@@ -120,9 +122,10 @@ def step_model(setup: StepSetup, halos: ZeroHalos) -> nn.Module:
 
 def trace_training_step(setup: StepSetup) -> TraceResult:
     """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be."""
+    meta_model = setup.build_meta_model()
     try:
         with fake_cpu_mode():
-            return _trace(setup)
+            return _trace(setup, meta_model)
     except MemcalcError:
         raise
     except RealAllocationError as error:
@@ -138,7 +141,7 @@ def trace_training_step(setup: StepSetup) -> TraceResult:
                          f"{_first_line(error)}") from error
 
 
-def _trace(setup: StepSetup) -> TraceResult:
+def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
     ledger, cursor = MemoryLedger(), _Cursor()
 
     def on_new(storage: torch.UntypedStorage) -> StorageRecord | None:
@@ -159,7 +162,7 @@ def _trace(setup: StepSetup) -> TraceResult:
                   if setup.cudnn is not None else None)
     watcher = StorageWatcher(on_new, ledger.free, workspaces)
     halo = ZeroHalos()
-    model = step_model(setup, halo)
+    model = step_model(setup, halo, meta_model)
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
     batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)

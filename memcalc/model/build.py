@@ -1,0 +1,147 @@
+"""Build a user's model once with its parameters and buffers on ``meta``.
+
+Constructors often compute with tensors: timm's drop-path schedules
+(``[x.item() for x in torch.linspace(...)]``), torchvision RegNet's block widths
+(``.tolist()``), MONAI SwinUNETR's ``.item()``. Under ``torch.device("meta")`` those fail (meta
+tensors have no values), so the build runs on the CPU for real, as accelerate's
+``init_empty_weights`` does, and only what the module registers goes to ``meta``:
+
+- every parameter and buffer is moved to ``meta`` as it is registered (tied weights assigned
+  later keep their identity: a meta tensor is registered as it is);
+- a tensor factory asked for more than ``REAL_FACTORY_LIMIT_BYTES`` makes a meta tensor, so a
+  constructor that allocates a large temporary never fills the host's RAM;
+- ``cuda`` devices become ``cpu`` (``.cuda()``, ``.to("cuda")``, ``device="cuda"``) and a
+  module's ``.to(device)`` / ``.cuda()`` leave its meta states where they are, so a builder
+  written for a GPU node builds on a machine without CUDA.
+
+Known limitations: a constructor that reads values of a tensor larger than the factory limit
+reads a meta tensor and fails; the error names it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+REAL_FACTORY_LIMIT_BYTES = 64 << 20
+"""Largest tensor a constructor may allocate for real; larger ones are made on ``meta``."""
+
+_FACTORIES = frozenset({torch.empty, torch.zeros, torch.ones, torch.full, torch.rand,
+                        torch.randn, torch.empty_strided, torch.eye})
+"""Factories whose leading positional arguments are the size."""
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True
+    if isinstance(device, (str, torch.device)):
+        return torch.device(device).type == "cuda"
+    return False
+
+
+class _CpuConstruction(TorchFunctionMode):
+    """Redirects ``cuda`` to ``cpu`` and sends large factory tensors to ``meta``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to:
+            args = _device_args_on_cpu(args, first=1)
+        if func in _FACTORIES and kwargs.get("device") in (None, "cpu") and _large(args, kwargs):
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def _device_args_on_cpu(args: tuple, first: int) -> tuple:
+    """``.to(device, ...)``: a CUDA device at position ``first`` becomes ``cpu``."""
+    if len(args) > first and _is_cuda(args[first]):
+        return (*args[:first], "cpu", *args[first + 1:])
+    return args
+
+
+def _large(args: tuple, kwargs: dict) -> bool:
+    """Whether a factory's size arguments ask for more than the real-allocation limit."""
+    dims = args[0] if args and isinstance(args[0], (tuple, list, torch.Size)) else args
+    if not dims or not all(isinstance(dim, int) for dim in dims):
+        return False
+    dtype = kwargs.get("dtype") or torch.get_default_dtype()
+    return math.prod(dims) * dtype.itemsize > REAL_FACTORY_LIMIT_BYTES
+
+
+def _meta_parameter(param: nn.Parameter) -> nn.Parameter:
+    """A meta twin of ``param`` of its own class when that class allows, with its attributes
+    (timm and Hugging Face tag parameters with flags read later)."""
+    try:
+        twin = type(param)(param.to("meta"), requires_grad=param.requires_grad)
+    except Exception:  # a Parameter subclass with another constructor
+        twin = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+    twin.__dict__.update(param.__dict__)
+    return twin
+
+
+@contextmanager
+def _registrations_on_meta() -> Iterator[None]:
+    register_parameter = nn.Module.register_parameter
+    register_buffer = nn.Module.register_buffer
+    module_cuda, module_to = nn.Module.cuda, nn.Module.to
+
+    def parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register_parameter(module, name, param)
+        if param is not None and param.device.type != "meta":
+            module._parameters[name] = _meta_parameter(param)
+
+    def buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None,
+                       persistent: bool = True) -> None:
+        register_buffer(module, name, tensor, persistent)
+        if tensor is not None and tensor.device.type != "meta":
+            module._buffers[name] = tensor.to("meta")
+
+    def to_without_device(module: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+        """``Module.to``: states stay on meta, so only a dtype is applied."""
+        dtypes = [arg for arg in args if isinstance(arg, torch.dtype)]
+        dtypes += [arg.dtype for arg in args if isinstance(arg, torch.Tensor)]
+        dtype = kwargs.get("dtype") or (dtypes[0] if dtypes else None)
+        return module_to(module, dtype) if dtype is not None else module
+
+    nn.Module.register_parameter = parameter_on_meta
+    nn.Module.register_buffer = buffer_on_meta
+    nn.Module.cuda = lambda module, device=None: module
+    nn.Module.to = to_without_device
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register_parameter
+        nn.Module.register_buffer = register_buffer
+        nn.Module.cuda, nn.Module.to = module_cuda, module_to
+
+
+def build_with_meta_states(factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
+    """``factory(**kwargs)`` run on the CPU with every parameter and buffer on ``meta``."""
+    with _registrations_on_meta(), _CpuConstruction():
+        return factory(**kwargs)
+
+
+def states_to_meta(model: nn.Module) -> nn.Module:
+    """Move any parameter or buffer still off ``meta`` (assigned to ``_parameters`` directly,
+    or made before the build began) to ``meta``, in place, keeping shared ones shared."""
+    moved: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table, as_parameter in ((module._parameters, True), (module._buffers, False)):
+            for name, tensor in table.items():
+                if tensor is None or tensor.device.type == "meta":
+                    continue
+                if id(tensor) not in moved:
+                    twin = tensor.to("meta")
+                    moved[id(tensor)] = (nn.Parameter(twin, requires_grad=tensor.requires_grad)
+                                         if as_parameter else twin)
+                table[name] = moved[id(tensor)]
+    return model

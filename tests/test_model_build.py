@@ -1,0 +1,59 @@
+"""The model is built once, on the CPU, with only its parameters and buffers on meta."""
+
+import pytest
+import torch
+
+import memcalc
+from memcalc.errors import ModelSourceError
+from memcalc.model.source import resolve_model
+from tests.fixtures.user_builders import BUILD_CALLS
+
+BUILDERS = "tests.fixtures.user_builders"
+
+
+def _parameter_count(depth: int = 3) -> int:
+    """Closed form for ScheduledNet: 3x3 convs 3→8→16→24, then Linear(24, 10)."""
+    widths, channels, total = [8 * (i + 1) for i in range(depth)], 3, 0
+    for width in widths:
+        total += channels * width * 9 + width
+        channels = width
+    return total + channels * 10 + 10
+
+
+@pytest.mark.parametrize("builder", ["scheduled_net", "calls_cuda", "moves_to_cuda"])
+def test_constructor_tensor_math_and_cuda_calls_build_on_meta(builder):
+    model = resolve_model(f"{BUILDERS}:{builder}").build_meta()
+    states = [*model.parameters(), *model.buffers()]
+    assert {tensor.device.type for tensor in states} == {"meta"}
+    assert sum(p.numel() for p in model.parameters()) == _parameter_count()
+    assert model.drop_rates == pytest.approx([0.0, 0.1, 0.2])
+
+
+@pytest.mark.parametrize("builder", ["scheduled_net", "calls_cuda"])
+def test_such_models_trace_and_the_factory_runs_once(builder):
+    before = BUILD_CALLS["count"]
+    report = memcalc.estimate(f"{BUILDERS}:{builder}", (3, 16, 16), batch_size=2)
+    assert report.device.method == "traced"
+    assert report.static.parameter_bytes == 4 * _parameter_count()
+    assert BUILD_CALLS["count"] - before == 1
+
+
+def test_a_large_constructor_temporary_is_not_allocated():
+    model = resolve_model(f"{BUILDERS}:large_temporary").build_meta()
+    assert model.linear.out_features == 4      # the shape was read
+    assert model.temporary_device == "meta"    # the 1 GiB was never allocated
+
+
+@pytest.mark.parametrize("builder, kind", [("raises_runtime_error", "RuntimeError"),
+                                           ("raises_key_error", "KeyError"),
+                                           ("exits", "sys.exit")])
+def test_any_builder_failure_is_a_model_source_error(builder, kind):
+    with pytest.raises(ModelSourceError, match=kind):
+        resolve_model(f"{BUILDERS}:{builder}").build_meta()
+
+
+def test_an_instance_keeps_its_weights():
+    model = torch.nn.Linear(4, 4)
+    weights = model.weight.detach().clone()
+    memcalc.estimate(model, (4,), batch_size=2)
+    assert model.weight.device.type == "cpu" and torch.equal(model.weight, weights)
