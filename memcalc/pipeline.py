@@ -19,7 +19,9 @@ from memcalc.errors import InputError, TraceError
 from memcalc.feed.sizing import HostInputs, host_and_throughput
 from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
-from memcalc.model.layout import CONV_TYPES, LayoutDecision, resolve_layout
+from memcalc.model.inputs import ModelInputs
+from memcalc.model.layout import CONV_TYPES, LayoutDecision
+from memcalc.model.step_inputs import resolve_step_inputs, token_inputs
 from memcalc.model.source import display_name, resolve_model
 from memcalc.report.assumptions import assumptions, step_assumptions, step_unsupported
 from memcalc.report.models import InputSummary, ModelSummary, Report
@@ -60,8 +62,7 @@ class _Prepared:
         if batch_size not in self.statics:
             setup = self.setup
             self.statics[batch_size] = static_estimate(
-                self.model, (batch_size, *self.layout.traced_sample_shape), setup.batch_dtype,
-                setup.policy, setup.optimizer)
+                self.model, setup.inputs, batch_size, setup.policy, setup.optimizer)
         return self.statics[batch_size]
 
     def device_report(self, batch_size: int) -> DeviceReport:
@@ -160,24 +161,20 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
     headroom = int(capacity * spec.headroom_fraction) if capacity else 0
     source = resolve_model(spec.model, spec.model_args)
     model = source.build_meta()
-    measured_shape = tuple(measurement.sample_shape) if measurement else None
-    sample_shape = spec.sample_shape or measured_shape or source.default_shape
-    if sample_shape is None:
-        raise InputError(f"model {spec.model!r} has no default sample shape; give --shape "
-                         "or --dataset")
     measured_dtype = (measurement.sample_dtype if measurement
                       and measurement.sample_dtype in INPUT_DTYPES else None)
-    dtype_name = spec.input_dtype or measured_dtype or source.default_input_dtype or "float32"
-    input_dtype = INPUT_DTYPES[dtype_name]
-    layout, halo_axis = _spatial_split(spec, model, resolve_layout(model, sample_shape,
-                                                                  spec.layout))
-    if layout.layout == "token-ids" and input_dtype.is_floating_point:
-        raise InputError(f"the first layer of {spec.model!r} is an embedding: token ids need "
-                         f"an integer dtype, got --input-dtype {dtype_name}; use int64")
+    inputs = resolve_step_inputs(
+        spec, model, default_shape=(tuple(measurement.sample_shape) if measurement
+                                    else source.default_shape),
+        default_dtype=measured_dtype or source.default_input_dtype)
+    layout, halo_axis = _spatial_split(spec, model, inputs.layout)
+    inputs = replace(inputs, layout=layout)
     policy = precision_policy(spec.precision)
+    model_inputs = inputs.model_inputs(policy.batch_dtype)
+    positional = model_inputs.positional
     setup = StepSetup(source.copier(model), (1, *layout.traced_sample_shape),
-                      policy.batch_dtype(input_dtype), spec.loss,
-                      classes_last=not input_dtype.is_floating_point,
+                      positional.dtype if positional else torch.float32, spec.loss,
+                      classes_last=token_inputs(inputs),
                       optimizer=optimizer_rule(spec.optimizer), foreach=_foreach(spec),
                       policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
                       keep_zeroed_grads=not spec.zero_grad_to_none,
@@ -185,26 +182,28 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       if spec.activation_checkpointing else (),
                       offload_activations=spec.offload_activations, halo_axis=halo_axis,
                       cudnn=profile.cudnn if spec.device is DeviceKind.CUDA else None,
-                      cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32)
+                      cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32,
+                      named_inputs=model_inputs.named, forward_kwargs=model_inputs.forward_kwargs,
+                      positional_input=positional is not None,
+                      boxes_per_image=spec.boxes_per_image)
     layers, leaf_output_elements, table_error = _layer_table(
-        spec, model, layout.traced_sample_shape, input_dtype, layer_tables)
+        spec, model, inputs.model_inputs(), layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
     return _Prepared(DeviceTarget(spec, gpu, profile, capacity, headroom), model, layout, setup,
-                     has_conv, leaf_output_elements, sample_shape, dtype_name, layers,
-                     table_error)
+                     has_conv, leaf_output_elements, inputs.sample_shape, inputs.dtype_name,
+                     layers, table_error)
 
 
-def _layer_table(spec: TrainingSpec, model: torch.nn.Module, sample_shape: tuple[int, ...],
-                 dtype: torch.dtype, tables: dict[str, tuple] | None) -> tuple:
+def _layer_table(spec: TrainingSpec, model: torch.nn.Module, inputs: ModelInputs,
+                 tables: dict[str, tuple] | None) -> tuple:
     """torchinfo's table, once per model and input within ``tables``: the strategy planner
     estimates many variants of one job (precision, checkpointing, parallelism) that share it.
     ``tables`` lives for one plan, so a model edited between calls is never read stale."""
     if tables is None:
-        return layer_table(model, sample_shape, dtype)
-    key = json.dumps([spec.model, spec.model_args, sample_shape, str(dtype)], sort_keys=True,
-                     default=repr)
+        return layer_table(model, inputs)
+    key = json.dumps([spec.model, spec.model_args, repr(inputs)], sort_keys=True, default=repr)
     if key not in tables:
-        tables[key] = layer_table(model, sample_shape, dtype)
+        tables[key] = layer_table(model, inputs)
     return tables[key]
 
 

@@ -47,6 +47,9 @@ class LossKind(str, Enum):
     CROSS_ENTROPY = "cross-entropy"
     MSE = "mse"
     SUM = "sum"
+    MODEL = "model"
+    """The model computes its own loss: a scalar tensor, ``output.loss`` / ``output["loss"]``
+    (Hugging Face with ``labels``), or a dict of losses that is summed (torchvision detection)."""
 
 
 class DeviceKind(str, Enum):
@@ -76,6 +79,37 @@ class Layout(str, Enum):
 ModelArgValue = int | float | bool | str
 
 
+class InputSpec(BaseModel):
+    """A named input tensor of ``forward`` (attention mask, labels...), per sample."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    shape: tuple[int, ...]
+    """One sample's shape, without the batch axis (``()`` for one value per sample)."""
+    dtype: str = "float32"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_pair(cls, value: Any) -> Any:
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            return {"shape": value[0], "dtype": value[1]}
+        return value
+
+    @field_validator("shape")
+    @classmethod
+    def _positive(cls, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if any(dim <= 0 for dim in shape):
+            raise ValueError(f"input dimensions must be positive: got {shape}")
+        return shape
+
+    @field_validator("dtype")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in INPUT_DTYPES:
+            raise ValueError(f"unknown input dtype {name!r}; accepted: {', '.join(INPUT_DTYPES)}")
+        return name
+
+
 class TrainingSpec(BaseModel):
     """One training configuration to estimate.
 
@@ -92,6 +126,13 @@ class TrainingSpec(BaseModel):
     sample_shape: tuple[int, ...] | None = None
     layout: Layout = Layout.AUTO
     input_dtype: str | None = None
+    inputs: dict[str, InputSpec] = Field(default_factory=dict)
+    """Named input tensors passed to ``forward`` as keywords, after the positional sample
+    (which ``sample_shape`` describes; with named inputs it may be left out)."""
+    forward_args: dict[str, ModelArgValue] = Field(default_factory=dict)
+    """Plain keyword arguments of ``forward`` (``return_loss=True``...)."""
+    boxes_per_image: int = Field(default=8, ge=1)
+    """Detection models: ground-truth objects per image in the synthetic training targets."""
     batch_size: int | None = Field(default=None, ge=1)
     """None: the planned largest batch when a GPU or memory is given, else 1."""
     loss: LossKind = LossKind.CROSS_ENTROPY

@@ -37,9 +37,45 @@ def test_shape_that_fits_neither_layout_is_an_error():
         resolve_layout(_conv3d_net(), (834, 224, 834, 5), Layout.AUTO)
 
 
-def test_override_that_contradicts_the_shape_is_an_error():
-    with pytest.raises(LayoutError, match=r"channels-first needs the first dim"):
-        resolve_layout(_conv3d_net(), (834, 224, 834, 3), Layout.CHANNELS_FIRST)
+def test_an_explicit_layout_always_overrides_the_check():
+    first = resolve_layout(_conv3d_net(), (834, 224, 834, 3), Layout.CHANNELS_FIRST)
+    assert first.traced_sample_shape == (834, 224, 834, 3)
+    last = resolve_layout(_conv3d_net(), (8, 8, 8, 5), Layout.CHANNELS_LAST)
+    assert last.traced_sample_shape == (5, 8, 8, 8)
+
+
+class _RawAudio(nn.Module):
+    """wav2vec2's stem: (N, L) samples get their channel axis inside forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 8, 10, stride=5)
+
+    def forward(self, x):
+        return self.conv(x[:, None])
+
+
+class _SpaceToDepth(nn.Module):
+    """TResNet's stem: 3 channels folded 4x4 into 48 before the first conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(48, 8, 3)
+
+    def forward(self, x):
+        n, c, h, w = x.shape
+        x = x.view(n, c, h // 4, 4, w // 4, 4).permute(0, 3, 5, 1, 2, 4)
+        return self.conv(x.reshape(n, c * 16, h // 4, w // 4))
+
+
+@pytest.mark.parametrize("model, shape, reached", [(_RawAudio, (16000,), (1, 16000)),
+                                                   (_SpaceToDepth, (3, 64, 64), (48, 16, 16))])
+def test_the_check_reads_what_the_first_layer_really_receives(model, shape, reached):
+    with torch.device("meta"):
+        built = model()
+    decision = resolve_layout(built, shape, Layout.AUTO)
+    assert decision.traced_sample_shape == shape
+    assert ",".join(map(str, reached)) in decision.explanation
 
 
 def test_wrong_number_of_dims_is_an_error():

@@ -7,6 +7,7 @@ from torch import nn
 from memcalc.trace.optimizers import optimizer_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.specs import Precision
+from memcalc.model.inputs import InputTensor, ModelInputs
 from memcalc.device.static import layer_table, static_estimate
 
 
@@ -24,7 +25,8 @@ BN_BUFFER_FLOATS = 2 * 64  # running mean and var (num_batches_tracked is int64)
 
 
 def _static(optimizer, precision, batch_shape=(8, 32), batch_dtype=torch.float32):
-    return static_estimate(_model(), batch_shape, batch_dtype, precision_policy(precision),
+    inputs = ModelInputs(InputTensor(None, batch_shape[1:], batch_dtype))
+    return static_estimate(_model(), inputs, batch_shape[0], precision_policy(precision),
                            optimizer_rule(optimizer))
 
 
@@ -75,7 +77,8 @@ def test_model_state_total_is_the_sum_of_its_parts():
 
 
 def test_layer_table_rows_add_up_to_the_parameter_count():
-    rows, leaf_elements, error = layer_table(_model(), (32,), torch.float32)
+    rows, leaf_elements, error = layer_table(
+        _model(), ModelInputs(InputTensor(None, (32,), torch.float32)))
     assert error is None
     assert [row.name for row in rows] == ["0", "1", "2"]
     assert sum(row.parameter_count for row in rows) == N

@@ -10,6 +10,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from memcalc.cli.types import (
     FractionType,
+    InputType,
     ModelArgType,
     ShapeType,
     SizeType,
@@ -132,9 +133,19 @@ MODEL_OPTIONS = [
                  help="Where the channel axis is; auto checks against the first layer."),
     click.option("--input-dtype", type=click.Choice(list(INPUT_DTYPES)),
                  help="dtype of the input batch [default: the zoo model's, else float32]."),
+    click.option("--input", "inputs", type=InputType(), multiple=True,
+                 help="Named input tensor of forward, per sample: NAME=SHAPE[:DTYPE], e.g. "
+                      "attention_mask=512:int64 or labels=512:int64 (repeatable; with named "
+                      "inputs --shape may be left out)."),
+    click.option("--forward-arg", "forward_args", type=ModelArgType(), multiple=True,
+                 help="Plain keyword argument of forward, e.g. return_loss=true (repeatable)."),
+    click.option("--boxes-per-image", type=click.IntRange(min=1), default=8, show_default=True,
+                 help="Detection models: objects per image in the synthetic training targets."),
     click.option("--batch-size", type=click.IntRange(min=1),
                  help="Batch to report [default: the planned largest with --gpu/--gpu-memory, else 1]."),
-    click.option("--loss", type=enum_choice(LossKind), default="cross-entropy", show_default=True),
+    click.option("--loss", type=enum_choice(LossKind), default="cross-entropy", show_default=True,
+                 help="'model': the model computes its own loss (Hugging Face given labels, "
+                      "torchvision detection in train mode)."),
     click.option("--optimizer", type=click.Choice(optimizer_names()), default="adam", show_default=True),
     click.option("--optimizer-impl", type=enum_choice(OptimizerImpl), default="default", show_default=True,
                  help="torch.optim implementation; default = foreach on CUDA, for-loop on CPU."),
@@ -171,7 +182,8 @@ MODEL_OPTIONS = [
 
 def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> TrainingSpec:
     """The model options (popped from ``options``) as a spec."""
-    names = ("model_name", "model_args", "shape", "layout", "input_dtype", "batch_size", "loss",
+    names = ("model_name", "model_args", "shape", "layout", "input_dtype", "inputs",
+             "forward_args", "boxes_per_image", "batch_size", "loss",
              "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing",
              "offload_activations", "spatial_parts", "device", "gpu", "gpu_memory", "headroom",
              "cuda_module_loading", "cudnn_benchmark", "cudnn_tf32", "allocator_conf",
@@ -180,6 +192,8 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
     return TrainingSpec(
         model=value["model_name"], model_args=dict(value["model_args"]),
         sample_shape=value["shape"], layout=value["layout"], input_dtype=value["input_dtype"],
+        inputs=dict(value["inputs"]), forward_args=dict(value["forward_args"]),
+        boxes_per_image=value["boxes_per_image"],
         batch_size=value["batch_size"], loss=value["loss"], optimizer=value["optimizer"],
         optimizer_impl=value["optimizer_impl"], zero_grad_to_none=value["zero_grad"] == "none",
         precision=value["precision"], activation_checkpointing=value["checkpointing"],

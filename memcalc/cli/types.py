@@ -15,7 +15,7 @@ class ShapeType(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, tuple):
             return value
-        parts = [part.strip() for part in str(value).split(",") if part.strip()]
+        parts = [part.strip() for part in str(value).split(",")]
         try:
             dims = tuple(int(part) for part in parts)
         except ValueError:
@@ -24,6 +24,25 @@ class ShapeType(click.ParamType):
         if not dims or any(dim <= 0 for dim in dims):
             self.fail(f"shape dimensions must be positive integers, got {value!r}", param, ctx)
         return dims
+
+
+class InputType(click.ParamType):
+    """``attention_mask=512:int64`` → ("attention_mask", {"shape": (512,), "dtype": "int64"});
+    the shape is per sample (``labels=:int64`` for one value per sample), dtype float32 if
+    left out."""
+
+    name = "name=shape[:dtype]"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        name, sep, rest = str(value).partition("=")
+        if not sep or not name.strip().isidentifier():
+            self.fail(f"input must look like NAME=SHAPE[:DTYPE] (e.g. attention_mask=512:int64), "
+                      f"got {value!r}", param, ctx)
+        raw_shape, _, dtype = rest.partition(":")
+        shape = ShapeType().convert(raw_shape, param, ctx) if raw_shape.strip() else ()
+        return name.strip(), {"shape": shape, "dtype": dtype.strip() or "float32"}
 
 
 class ModelArgType(click.ParamType):

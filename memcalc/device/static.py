@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torchinfo
 from torch import nn
 
 from memcalc.device.report import LayerRow, StaticEstimate
 from memcalc.dtypes import element_size
+from memcalc.model.inputs import InputTensor, ModelInputs
 from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
 
@@ -24,7 +27,7 @@ def tensor_bytes(tensor: torch.Tensor, policy: PrecisionPolicy) -> int:
     return tensor.numel() * element_size(stored_dtype(tensor, policy))
 
 
-def static_estimate(model: nn.Module, batch_shape: tuple[int, ...], batch_dtype: torch.dtype,
+def static_estimate(model: nn.Module, inputs: ModelInputs, batch_size: int,
                     policy: PrecisionPolicy, optimizer: OptimizerRule) -> StaticEstimate:
     """Exact bytes of parameters, buffers, gradients, optimizer state and the input batch.
 
@@ -33,44 +36,84 @@ def static_estimate(model: nn.Module, batch_shape: tuple[int, ...], batch_dtype:
     parameters = list(model.parameters())
     trainable = [param for param in parameters if param.requires_grad]
     trainable_bytes = sum(tensor_bytes(param, policy) for param in trainable)
-    batch_elements = 1
-    for dim in batch_shape:
-        batch_elements *= dim
     return StaticEstimate(
         parameter_bytes=sum(tensor_bytes(param, policy) for param in parameters),
         buffer_bytes=sum(tensor_bytes(buffer, policy) for buffer in model.buffers()),
         gradient_bytes=trainable_bytes,
         optimizer_state_bytes=optimizer.state_bytes(trainable_bytes),
         optimizer_step_counter_bytes=optimizer.step_counter_bytes(len(trainable)),
-        input_batch_bytes=batch_elements * element_size(batch_dtype),
+        input_batch_bytes=inputs.batch_bytes(batch_size),
     )
 
 
-def layer_table(model: nn.Module, sample_shape: tuple[int, ...],
-                input_dtype: torch.dtype) -> tuple[list[LayerRow], int | None, str | None]:
+def _meta_call(inputs: ModelInputs) -> tuple[list, dict]:
+    """A batch of one as meta tensors: positional args and keyword arguments."""
+    def tensor(spec: InputTensor) -> torch.Tensor:
+        return torch.empty((1, *spec.sample_shape), dtype=spec.dtype, device="meta")
+
+    args = [tensor(inputs.positional)] if inputs.positional else []
+    kwargs = {spec.name: tensor(spec) for spec in inputs.named}
+    kwargs.update(dict(inputs.forward_kwargs))
+    return args, kwargs
+
+
+def layer_table(model: nn.Module, inputs: ModelInputs
+                ) -> tuple[list[LayerRow], int | None, str | None]:
     """torchinfo's table for a batch of one on ``meta``.
 
     Returns the rows up to ``LAYER_TABLE_DEPTH``, the elements output by leaf layers per
-    sample (None if torchinfo could not run), and torchinfo's error if any.
+    sample, and torchinfo's error if any. When torchinfo fails, the leaf outputs come from a
+    hooked forward on ``meta`` (no table); None only when that fails too.
     """
-    sample = torch.empty((1, *sample_shape), dtype=input_dtype, device="meta")
+    args, kwargs = _meta_call(inputs)
     try:
-        summary = torchinfo.summary(model, input_data=[sample], device="meta", verbose=0,
-                                    depth=LAYER_TABLE_DEPTH)
+        summary = torchinfo.summary(model, input_data=args or None, device="meta", verbose=0,
+                                    depth=LAYER_TABLE_DEPTH, **kwargs)
     except Exception as error:  # torchinfo runs user code; any failure just drops the table
-        return [], None, f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        message = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        return [], leaf_output_elements(model, args, kwargs), message
     names = {id(module): name for name, module in model.named_modules()}
-    rows, leaf_output_elements = [], 0
+    rows, leaf_elements = [], 0
     for layer in summary.summary_list:
         shape = layer.output_size if isinstance(layer.output_size, list) else None
         if layer.is_leaf_layer and shape:
-            count = 1
-            for dim in shape:
-                count *= int(dim)
-            leaf_output_elements += count
+            leaf_elements += math.prod(int(dim) for dim in shape)
         if 0 < layer.depth <= LAYER_TABLE_DEPTH:
             rows.append(LayerRow(name=names.get(id(layer.module), layer.var_name), kind=layer.class_name,
                                  depth=layer.depth,
                                  output_shape=[int(dim) for dim in shape] if shape else None,
                                  parameter_count=int(layer.num_params)))
-    return rows, leaf_output_elements, None
+    return rows, leaf_elements, None
+
+
+def leaf_output_elements(model: nn.Module, args: list, kwargs: dict) -> int | None:
+    """Elements of every tensor output by a leaf module in one forward on ``meta`` (batch of
+    one); None when the forward fails."""
+    total = [0]
+
+    def count(_module, _args, output) -> None:
+        for tensor in _tensors(output):
+            total[0] += tensor.numel()
+
+    handles = [module.register_forward_hook(count) for module in model.modules()
+               if not any(True for _ in module.children())]
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    except Exception:  # the model's code cannot run on meta tensors
+        return None
+    finally:
+        for handle in handles:
+            handle.remove()
+    return total[0]
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in _tensors(item)]
+    return [tensor for tensor in vars(value).values() if isinstance(tensor, torch.Tensor)] \
+        if hasattr(value, "__dict__") else []

@@ -18,6 +18,8 @@ _LOSS_TEXT = {
     ),
     LossKind.MSE: "loss: MSE against a float target shaped like the output",
     LossKind.SUM: "loss: output.sum() (no target)",
+    LossKind.MODEL: ("loss: the model's own (a scalar output, output.loss / output['loss'], or "
+                     "the sum of a dict of losses); its labels are the inputs given"),
 }
 
 

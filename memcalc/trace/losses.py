@@ -35,6 +35,31 @@ def primary_output(output: object) -> torch.Tensor:
     )
 
 
+def model_loss(output: object) -> torch.Tensor:
+    """The loss a model computed itself (``--loss model``): a scalar tensor, ``.loss`` or
+    ``["loss"]`` (Hugging Face models given ``labels``), or a dict of scalar losses, summed
+    (torchvision detection in train mode)."""
+    if isinstance(output, torch.Tensor) and output.numel() == 1:
+        return output.reshape(())
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    if isinstance(output, Mapping) and output and all(
+            isinstance(value, torch.Tensor) and value.numel() == 1 for value in output.values()):
+        return sum(output.values())
+    raise TraceError(
+        f"--loss model: the model returned {type(output).__name__} with no loss in it; give it "
+        "its labels (e.g. --input labels=SHAPE:int64) or use --loss cross-entropy/mse/sum")
+
+
+def output_shape(output: object) -> tuple[int, ...]:
+    """The shape of the tensor a loss would be computed on; () when there is none."""
+    try:
+        return tuple(primary_output(output).shape)
+    except TraceError:
+        return ()
+
+
 def make_target(loss: LossKind, output: torch.Tensor, classes_last: bool) -> torch.Tensor | None:
     """An (uninitialised) target tensor for ``loss``; None when the loss needs none."""
     if loss is LossKind.SUM:

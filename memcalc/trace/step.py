@@ -13,9 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from memcalc.model.inputs import ModelCall
 from memcalc.specs import LossKind
 from memcalc.trace.ledger import Phase
-from memcalc.trace.losses import compute_loss, make_target, primary_output
+from memcalc.trace.losses import (compute_loss, make_target, model_loss, output_shape,
+                                  primary_output)
 from memcalc.trace.precision import cpu_autocast
 
 
@@ -52,10 +54,11 @@ class TrainingIteration:
     Output and loss are released when the call returns; the target is made once and kept.
     Without an optimizer the iteration ends after backward."""
 
-    def __init__(self, body: StepBody, model: nn.Module, batch: torch.Tensor,
+    def __init__(self, body: StepBody, model: nn.Module, batch: torch.Tensor | ModelCall,
                  optimizer: torch.optim.Optimizer | None = None,
                  observer: StepObserver | None = None) -> None:
-        self.body, self.model, self.batch = body, model, batch
+        self.body, self.model = body, model
+        self.call = batch if isinstance(batch, ModelCall) else ModelCall((batch,))
         self.optimizer, self.observer = optimizer, observer or StepObserver()
         self._target: list[torch.Tensor | None] = []
 
@@ -63,14 +66,22 @@ class TrainingIteration:
         body, observer = self.body, self.observer
         observer.enter(Phase.FORWARD)
         with cpu_autocast(body.autocast_dtype):
-            output = primary_output(self.model(self.batch))
-            if not self._target:
-                self._target.append(make_target(body.loss, output, body.classes_last))
-                if self._target[0] is not None:
-                    observer.target_made(self._target[0])
+            output = self.model(*self.call.args, **self.call.kwargs)
+            if body.loss is not LossKind.MODEL:
+                output = primary_output(output)
+                if not self._target:
+                    self._target.append(make_target(body.loss, output, body.classes_last))
+                    if self._target[0] is not None:
+                        observer.target_made(self._target[0])
             observer.loss_begins()
-            loss = compute_loss(body.loss, output, self._target[0], body.classes_last)
+            loss = (model_loss(output) if body.loss is LossKind.MODEL
+                    else compute_loss(body.loss, output, self._target[0], body.classes_last))
             observer.loss_ends()
+        # ``output`` stays alive through backward and the optimizer step, as in a training loop
+        return self._backward_and_step(loss, output_shape(output))
+
+    def _backward_and_step(self, loss: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
+        body, observer = self.body, self.observer
         observer.enter(Phase.BACKWARD)
         loss.backward()
         if self.optimizer is not None:
@@ -78,4 +89,4 @@ class TrainingIteration:
             self.optimizer.step()
             observer.enter(Phase.ZERO_GRAD)
             self.optimizer.zero_grad(set_to_none=not body.keep_zeroed_grads)
-        return tuple(output.shape)
+        return shape

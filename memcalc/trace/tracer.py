@@ -25,12 +25,15 @@ from memcalc.trace._torch_internals import (
     StorageWatcher,
     fake_cpu_mode,
     materialize_fake,
+    quiet_fake_tensor_logger,
 )
+from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError
+from memcalc.model.inputs import InputTensor, ModelInputs, make_call
 from memcalc.trace.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.trace.offload import OffloadCounter
 from memcalc.trace.optimizers import OptimizerRule
@@ -54,6 +57,8 @@ class StepSetup:
     """A fresh meta-device copy of the model (called outside the fake mode, once per trace;
     the pipeline copies its one build, so the user's factory runs once)."""
     batch_shape: tuple[int, ...]
+    """The positional sample's batch shape; with ``positional_input`` False only its first
+    dim (the batch size) is used."""
     batch_dtype: torch.dtype
     loss: LossKind
     classes_last: bool
@@ -74,7 +79,19 @@ class StepSetup:
     """cuDNN workspace rules; None: no workspaces are inserted (CPU targets)."""
     cudnn_benchmark: bool = False
     cudnn_tf32: bool = True
+    named_inputs: tuple[InputTensor, ...] = ()
+    """Named input tensors of ``forward`` (per sample)."""
+    forward_kwargs: tuple[tuple[str, object], ...] = ()
+    positional_input: bool = True
+    boxes_per_image: int = 8
     iterations: int = 2
+
+    @property
+    def inputs(self) -> ModelInputs:
+        positional = (InputTensor(None, self.batch_shape[1:], self.batch_dtype)
+                      if self.positional_input else None)
+        return ModelInputs(positional, self.named_inputs, self.forward_kwargs,
+                           self.boxes_per_image)
 
     @property
     def body(self) -> StepBody:
@@ -96,6 +113,8 @@ class TraceResult:
     """Halo rows one rank receives in one iteration (0 without spatial parallelism)."""
     cudnn_calls: int = 0
     """cuDNN calls given a workspace (0 when no workspace model was applied)."""
+    bounded_sizes: tuple[BoundedUse, ...] = ()
+    """Data-dependent ops traced at a bound or a conventional value (``bounded_ops``)."""
 
 
 class _Cursor:
@@ -124,7 +143,7 @@ def trace_training_step(setup: StepSetup) -> TraceResult:
     """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be."""
     meta_model = setup.build_meta_model()
     try:
-        with fake_cpu_mode():
+        with quiet_fake_tensor_logger(), fake_cpu_mode():
             return _trace(setup, meta_model)
     except MemcalcError:
         raise
@@ -165,13 +184,14 @@ def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
     model = step_model(setup, halo, meta_model)
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
-    batch = torch.empty(setup.batch_shape, dtype=setup.batch_dtype)
-    _label(watcher, [batch], MemoryCategory.INPUT)
+    batch = make_call(model, setup.inputs, setup.batch_shape[0])
+    _label(watcher, batch.tensors(), MemoryCategory.INPUT)
     handles = _track_modules(model, cursor)
     kernels = CudaKernelMode() if setup.cuda_kernels else contextlib.nullcontext()
     offload = OffloadCounter()
+    bounded = BoundedOps()     # below the watcher, which then records what its rules make
     try:
-        with watcher, kernels:
+        with bounded, watcher, kernels:
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
             observer = _LedgerObserver(watcher, cursor, ledger, model, optimizer)
             iteration = TrainingIteration(setup.body, model, batch, optimizer, observer)
@@ -184,7 +204,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
             handle.remove()
     return TraceResult(ledger, output_shape, frozenset(watcher.op_names), observer.flops,
                        offload.peak_bytes, halo.peak_bytes,
-                       workspaces.calls if workspaces else 0)
+                       workspaces.calls if workspaces else 0, bounded.uses())
 
 
 def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: _Cursor,

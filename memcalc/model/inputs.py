@@ -1,0 +1,126 @@
+"""What the model is called with in the traced step: one positional tensor (the sample), named
+tensors (attention masks, ``decoder_input_ids``, ``labels``, ``pixel_values``...), plain keyword
+arguments, or what a model family needs (torchvision detection: lists of images and targets).
+
+Input families are a registry: each has a predicate on the built model and a function making
+the call's tensors for a batch; the first family whose predicate holds is used, and plain
+tensors otherwise. Tensors are made with ``torch.empty`` so that, inside the fake mode, they
+have shapes and no data.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from memcalc.errors import InputError
+
+
+@dataclass(frozen=True)
+class InputTensor:
+    """One input tensor, per sample (the batch axis is added in front)."""
+
+    name: str | None
+    """Keyword of ``forward``; None for the positional sample."""
+    sample_shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def batch_bytes(self, batch_size: int) -> int:
+        return batch_size * math.prod(self.sample_shape) * self.dtype.itemsize
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """Everything ``forward`` receives, batch size aside."""
+
+    positional: InputTensor | None
+    named: tuple[InputTensor, ...] = ()
+    forward_kwargs: tuple[tuple[str, Any], ...] = ()
+    boxes_per_image: int = 8
+    """Detection families: ground-truth objects per image in the synthetic targets."""
+
+    @property
+    def tensors(self) -> tuple[InputTensor, ...]:
+        return ((self.positional,) if self.positional else ()) + self.named
+
+    def batch_bytes(self, batch_size: int) -> int:
+        """Bytes of the input tensors of one batch (a family's own targets not included)."""
+        return sum(tensor.batch_bytes(batch_size) for tensor in self.tensors)
+
+
+@dataclass
+class ModelCall:
+    """The arguments of one ``model(*args, **kwargs)`` call."""
+
+    args: tuple
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def tensors(self) -> list[torch.Tensor]:
+        found: list[torch.Tensor] = []
+        _collect(list(self.args) + list(self.kwargs.values()), found)
+        return found
+
+
+def _collect(value: Any, found: list[torch.Tensor]) -> None:
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, dict):
+        _collect(list(value.values()), found)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect(item, found)
+
+
+@dataclass(frozen=True)
+class InputFamily:
+    name: str
+    matches: Callable[[nn.Module], bool]
+    make: Callable[[nn.Module, ModelInputs, int], ModelCall]
+
+
+_FAMILIES: dict[str, InputFamily] = {}
+
+
+def register_family(name: str, matches: Callable[[nn.Module], bool]):
+    """Register ``make(model, inputs, batch_size) -> ModelCall`` for models ``matches`` accepts."""
+    def decorate(make: Callable[[nn.Module, ModelInputs, int], ModelCall]):
+        if name in _FAMILIES:
+            raise ValueError(f"input family {name!r} is registered twice")
+        _FAMILIES[name] = InputFamily(name, matches, make)
+        return make
+    return decorate
+
+
+def family_of(model: nn.Module) -> str:
+    """The input family the model is called as (``tensors`` when none matches)."""
+    for family in _FAMILIES.values():
+        if family.matches(model):
+            return family.name
+    return "tensors"
+
+
+def make_call(model: nn.Module, inputs: ModelInputs, batch_size: int) -> ModelCall:
+    """The call's tensors for ``batch_size`` samples (inside the fake mode: no data)."""
+    family = _FAMILIES.get(family_of(model))
+    if family is not None:
+        return family.make(model, inputs, batch_size)
+    return plain_call(inputs, batch_size)
+
+
+def plain_call(inputs: ModelInputs, batch_size: int) -> ModelCall:
+    def tensor(spec: InputTensor) -> torch.Tensor:
+        return torch.empty((batch_size, *spec.sample_shape), dtype=spec.dtype)
+
+    args = (tensor(inputs.positional),) if inputs.positional else ()
+    kwargs = {spec.name: tensor(spec) for spec in inputs.named}
+    for key, value in inputs.forward_kwargs:
+        if key in kwargs:
+            raise InputError(f"forward argument {key!r} is given both as an input tensor and "
+                             "as a --forward-arg; keep one")
+        kwargs[key] = value
+    return ModelCall(args, kwargs)
