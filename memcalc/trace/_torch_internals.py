@@ -1,19 +1,26 @@
 """The only module that touches private PyTorch APIs.
 
-Used here (checked against torch 2.3 – 2.13):
+Used here (checked against torch 2.3 – 2.14):
 - ``torch._subclasses.fake_tensor.FakeTensorMode`` and its exceptions: tensors with shapes,
   dtypes and storages but no data, so a step of any size runs without allocating it.
 - ``torch.utils._python_dispatch.TorchDispatchMode``: sees every ATen op and its outputs.
 - ``torch.utils.weak.WeakIdKeyDictionary``: identity-keyed map of live storages.
+- the logger ``torch._subclasses.fake_tensor``: it logs a full traceback at ERROR level
+  whenever a meta kernel raises, even when the caller catches the error; muted during a trace.
+- ``torch._grouped_mm`` (torch ≥ 2.8, MoE experts in transformers 5): its meta kernel accepts
+  only bf16 (torch 2.8 – 2.14) while the CPU and CUDA kernels take fp32 and fp16 too; memcalc
+  supplies its own shape rule (``FAKE_KERNELS``).
 - ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (real GPUs only, torch ≥ 2.1):
   the caching allocator's own trace of allocations and frees, for calibration.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import weakref
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -38,6 +45,33 @@ FAKE_TENSOR_FAILURES: tuple[type[BaseException], ...] = (
     DynamicOutputShapeException,
     UnsupportedOperatorException,
 )
+
+DATA_DEPENDENT_FAILURES: tuple[type[BaseException], ...] = (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
+"""Raised by fake tensors for an output whose size or value depends on the data."""
+
+_FAKE_TENSOR_LOGGER = "torch._subclasses.fake_tensor"
+
+
+@contextlib.contextmanager
+def quiet_fake_tensor_logger() -> Iterator[None]:
+    """Drop the ERROR records (with their tracebacks) torch's fake-tensor logger writes when a
+    meta kernel fails (``log.exception`` in ``FakeTensorMode._dispatch_impl``): the trace turns
+    the failure into one TraceError line. The logger is as it was afterwards."""
+    logger = logging.getLogger(_FAKE_TENSOR_LOGGER)
+    mute = _BelowError()
+    logger.addFilter(mute)
+    try:
+        yield
+    finally:
+        logger.removeFilter(mute)
+
+
+class _BelowError(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
 
 
 class OpInterceptor(TorchDispatchMode):
@@ -74,6 +108,34 @@ def conv_backend_name(x, weight, bias, geometry) -> str:
     except Exception:  # private API: absent or changed in this torch build
         return "unknown"
     return str(backend).rsplit(".", 1)[-1]
+
+
+def _grouped_mm_output(mat_a: torch.Tensor, mat_b: torch.Tensor,
+                       offs: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``aten::_grouped_mm`` for any floating dtype: 2D x 3D (MoE forward, grouped by
+    ``offs``) -> (M, N); 3D x 2D -> (M, N); 2D x 2D (weight gradients) -> (groups, M, N);
+    3D x 3D -> batched. The last dimension's stride is padded to 16 bytes as ATen's
+    ``create_grouped_gemm_output_tensor`` does (GroupedMMUtils.h; a real CPU run of
+    (10, 8) x (3, 8, 6) gives strides (8, 1))."""
+    if mat_a.dtype != mat_b.dtype or not mat_a.is_floating_point():
+        raise RuntimeError(f"_grouped_mm needs two floating operands of one dtype, got "
+                           f"{mat_a.dtype} and {mat_b.dtype}")
+    shape = {
+        (2, 2): lambda: [offs.size(0), mat_a.size(0), mat_b.size(1)],
+        (2, 3): lambda: [mat_a.size(0), mat_b.size(-1)],
+        (3, 2): lambda: [mat_a.size(1), mat_b.size(1)],
+        (3, 3): lambda: [mat_a.size(0), mat_a.size(1), mat_b.size(-1)],
+    }[(mat_a.dim(), mat_b.dim())]()
+    dtype = out_dtype or mat_a.dtype
+    alignment = max(1, 16 // dtype.itemsize)
+    row = -(-shape[-1] // alignment) * alignment
+    strides = [1, row] if len(shape) == 2 else [1, row, shape[1] * row]
+    return torch.empty_strided(shape, strides[::-1], dtype=dtype, device=mat_a.device)
+
+
+FAKE_KERNELS: dict[str, Callable] = {"aten::_grouped_mm": _grouped_mm_output}
+"""Shape rules memcalc runs instead of torch's fake kernel, by op name (``func.name()``)."""
 
 
 def fake_cpu_mode() -> FakeTensorMode:
