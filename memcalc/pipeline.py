@@ -23,7 +23,12 @@ from memcalc.model.inputs import ModelInputs
 from memcalc.model.layout import CONV_TYPES, LayoutDecision
 from memcalc.model.step_inputs import resolve_step_inputs, token_inputs
 from memcalc.model.source import display_name, resolve_model
-from memcalc.report.assumptions import assumptions, step_assumptions, step_unsupported
+from memcalc.report.assumptions import (
+    assumptions,
+    bounded_size_assumptions,
+    step_assumptions,
+    step_unsupported,
+)
 from memcalc.report.models import InputSummary, ModelSummary, Report
 from memcalc.specs import DeviceKind, OptimizerImpl, TrainingSpec
 from memcalc.trace.checkpointing import repeated_blocks
@@ -142,7 +147,8 @@ def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, h
         + step_assumptions(spec, checkpoint_blocks=blocks,
                            traced_sample_shape=layout.traced_sample_shape,
                            halo_exchange_bytes=device.halo_exchange_bytes,
-                           offloaded_bytes=device.offloaded_bytes),
+                           offloaded_bytes=device.offloaded_bytes)
+        + bounded_size_assumptions(device.bounded_sizes),
         unsupported=step_unsupported(spec, checkpoint_blocks=blocks,
                                      table_error=prepared.table_error,
                                      trace_error=prepared.trace_error_at(device.batch_size)),

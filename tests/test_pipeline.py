@@ -62,7 +62,8 @@ def test_frozen_parameters_get_no_gradients_or_state():
 
 
 def test_untraceable_model_falls_back_to_a_labelled_static_estimate():
-    report = estimate(TrainingSpec(model="tests.fixtures.models:item_gate", sample_shape=(8,),
+    report = estimate(TrainingSpec(model="tests.fixtures.models:untraceable",
+                                   model_args={"kind": "bincount"}, sample_shape=(8,),
                                    batch_size=3, device="cpu"))
     assert report.device.method == "static"
     assert any("STATIC estimate" in line and "real tensor values" in line
@@ -101,8 +102,7 @@ def test_host_estimate_uses_the_planned_batch_and_the_input_dtype():
 
 @pytest.mark.parametrize("kind,reason", [
     ("numpy", r"\.numpy\(\) is not supported"),
-    ("nonzero", r"needs real tensor values \(DynamicOutputShapeException: aten\.nonzero"),
-    ("tolist", r"needs real tensor values \(DataDependentOutputException"),
+    ("bincount", r"needs real tensor values \(DynamicOutputShapeException: aten\.bincount"),
     ("custom_op", r"op memcalc_tests\.opaque\.default has no fake kernel"),
     ("cuda_only", r"not linked with support for cuda"),
 ])
@@ -117,6 +117,20 @@ def test_untraceable_kinds_fall_back_with_their_reason(kind, reason):
     # the static figure still counts the model states: 8*4+4 parameters, Adam's two copies
     assert report.static.parameter_bytes == 4 * 36
     assert report.static.optimizer_state_bytes == 2 * 4 * 36
+
+
+@pytest.mark.parametrize("model,kwargs,op", [
+    ("untraceable", {"kind": "nonzero"}, "aten::nonzero"),
+    ("untraceable", {"kind": "tolist"}, "aten::_local_scalar_dense"),
+    ("item_gate", {}, "aten::_local_scalar_dense"),
+])
+def test_data_dependent_ops_trace_at_bounds_the_report_names(model, kwargs, op):
+    report = estimate(TrainingSpec(model=f"tests.fixtures.models:{model}", model_args=kwargs,
+                                   sample_shape=(8,), batch_size=2, device="cpu"))
+    assert report.device.method == "traced"
+    assert op in {bounded.op for bounded in report.device.bounded_sizes}
+    assert any(line.startswith("data-dependent ops traced at upper bounds") and op in line
+               for line in report.assumptions)
 
 
 def test_a_real_allocation_during_the_trace_is_refused(monkeypatch):

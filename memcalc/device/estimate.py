@@ -12,6 +12,7 @@ from memcalc.device.cuda_overheads import context_bytes, workspace_allocations
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import (
+    BoundedSize,
     Breakdown,
     DeviceReport,
     ModuleActivation,
@@ -93,6 +94,8 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
                   for event, live, phase, iteration in ledger.timeline()],
         peak_iteration=peak_record.iteration if peak_record else None,
         flops=trace.flops, capacity_bytes=target.capacity_bytes,
+        bounded_sizes=[BoundedSize(op=use.op, bound=use.bound, count=use.count)
+                       for use in trace.bounded_sizes],
         headroom_bytes=target.headroom_bytes,
         **cuda_fields,
     )

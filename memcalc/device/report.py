@@ -127,6 +127,20 @@ class TimelinePoint(BaseModel):
     iteration: int
 
 
+class BoundedSize(BaseModel):
+    """A data-dependent op the trace ran at an upper bound of its size, or a value it handed
+    to Python by convention (``memcalc.trace.bounded_ops``)."""
+
+    model_config = _FROZEN
+
+    op: str
+    """The op's name (``aten::nonzero``, ``torchvision::nms``, ``aten::_local_scalar_dense``)."""
+    bound: str
+    """The bound or value used, in words."""
+    count: int
+    """Calls over the traced iterations."""
+
+
 class DeviceReport(BaseModel):
     """Memory of one training step on the target device.
 
@@ -176,6 +190,8 @@ class DeviceReport(BaseModel):
     (None for a static estimate)."""
     plan: BatchPlan | None = None
     """The batch search that chose ``batch_size`` (None without a capacity)."""
+    bounded_sizes: list[BoundedSize] = []
+    """Data-dependent ops traced at a bound (empty when none ran, and for a static estimate)."""
 
     @computed_field
     @property

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from memcalc.device.allocator_settings import AllocatorSettings
 from memcalc.device.cuda_overheads import EAGER_CONTEXT, cublas_workspace_bytes
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
+from memcalc.device.report import BoundedSize
 from memcalc.trace.optimizers import optimizer_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.specs import DeviceKind, LossKind, ModuleLoading, OptimizerImpl, TrainingSpec
@@ -147,6 +150,16 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
             f"host memory ({format_bytes(offloaded_bytes)} per iteration) and back in "
             "backward; the copies' time is not modelled")
     return lines
+
+
+def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:
+    """One line naming every data-dependent op the trace ran at a bound, when any did."""
+    if not bounded_sizes:
+        return []
+    uses = "; ".join(f"{use.op} {use.count}x: {use.bound}" for use in bounded_sizes)
+    return [f"data-dependent ops traced at upper bounds of their sizes, or with conventional "
+            f"values where a value went to Python (a real step, e.g. a detector's sampled "
+            f"proposals, is usually smaller): {uses}"]
 
 
 def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
