@@ -5,6 +5,7 @@ Used here (checked against torch 2.3 – 2.14):
   dtypes and storages but no data, so a step of any size runs without allocating it.
 - ``torch.utils._python_dispatch.TorchDispatchMode``: sees every ATen op and its outputs.
 - ``torch.utils.weak.WeakIdKeyDictionary``: identity-keyed map of live storages.
+- ``OpOverload._schema``: which arguments an op writes into (``written_tensors``).
 - the logger ``torch._subclasses.fake_tensor``: it logs a full traceback at ERROR level
   whenever a meta kernel raises, even when the caller catches the error; muted during a trace.
 - ``torch._grouped_mm`` (torch ≥ 2.8, MoE experts in transformers 5): its meta kernel accepts
@@ -136,6 +137,23 @@ def _grouped_mm_output(mat_a: torch.Tensor, mat_b: torch.Tensor,
 
 FAKE_KERNELS: dict[str, Callable] = {"aten::_grouped_mm": _grouped_mm_output}
 """Shape rules memcalc runs instead of torch's fake kernel, by op name (``func.name()``)."""
+
+
+_WRITTEN_ARGUMENTS: dict = {}
+
+
+def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
+    """The tensors an ATen op writes into (arguments its schema marks ``Tensor(a!)``, such as
+    ``self`` of ``index_put_`` or ``out``); read from ``OpOverload._schema``, cached per op."""
+    if func not in _WRITTEN_ARGUMENTS:
+        _WRITTEN_ARGUMENTS[func] = tuple(
+            (position, argument.name) for position, argument in enumerate(func._schema.arguments)
+            if argument.alias_info is not None and argument.alias_info.is_write)
+    written = []
+    for position, name in _WRITTEN_ARGUMENTS[func]:
+        value = args[position] if position < len(args) else kwargs.get(name)
+        written.extend(value if isinstance(value, (list, tuple)) else [value])
+    return [tensor for tensor in written if isinstance(tensor, torch.Tensor)]
 
 
 def fake_cpu_mode() -> FakeTensorMode:

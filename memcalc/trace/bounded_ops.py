@@ -9,10 +9,13 @@ box kept), or, for a value, a documented conventional one (the checks a model ma
 
 A rule runs only where torch's fake kernel cannot answer (small constant tensors still get
 exact answers), and every use is counted: the report lists each op, the bound it got and how
-often. Adding an op is one ``@register_bounded`` function.
+often. Rules take ``nonzero_bound(tensor)``, at most how many elements of a tensor are
+non-zero: its numel, or less for a mask written at k indices into zeros (``mask_counts``).
+Adding an op is one ``@register_bounded`` function.
 
-Known limitations: an upper bound is not the typical size — a detector's sampled proposals
-count as every proposal, so its heads are traced on more boxes than a real step gives them.
+Known limitations: an upper bound is not the typical size — a detector's positive proposals
+count as every sampled proposal, so its mask and keypoint heads are traced on more boxes than
+a real step gives them.
 Ops with no bound in their input sizes (``bincount``, ``repeat_interleave`` without
 ``output_size``) still fail. Values handed to Python are conventions, not the data: a model
 whose branches depend on real values traces one branch.
@@ -32,14 +35,15 @@ from memcalc.trace._torch_internals import (
     OpInterceptor,
     WeakIdKeyDictionary,
 )
+from memcalc.trace.mask_counts import MaskCounts
 
 MASK_DTYPES = (torch.bool, torch.uint8)
 
 
 @dataclass(frozen=True)
 class BoundedRule:
-    """How one data-dependent op is traced: ``make(*args, **kwargs)`` returns its outputs
-    (made in the active fake mode) at the bound ``bound`` describes."""
+    """How one data-dependent op is traced: ``make(nonzero_bound, *args, **kwargs)`` returns
+    its outputs (made in the active fake mode) at the bound ``bound`` describes."""
 
     op: str
     """The op's name as ``OpOverload.name()`` gives it (``aten::nonzero``, ``torchvision::nms``)."""
@@ -60,7 +64,8 @@ _RULES: dict[str, BoundedRule] = {}
 
 
 def register_bounded(op: str, bound: str):
-    """Register ``make(*args, **kwargs)`` as the bounded form of ``op``; once per op."""
+    """Register ``make(nonzero_bound, *args, **kwargs)`` as the bounded form of ``op``; once per
+    op. ``nonzero_bound(tensor)``: at most how many of the tensor's elements are non-zero."""
 
     def register(make: Callable) -> Callable:
         if op in _RULES:
@@ -82,14 +87,23 @@ def bounded_op_names() -> list[str]:
 
 # -- sizes ------------------------------------------------------------------------------------
 
-@register_bounded("aten::nonzero", "rows = numel of the input (every element non-zero)")
-def _every_element_nonzero(tensor: torch.Tensor) -> torch.Tensor:
-    return torch.empty((tensor.numel(), tensor.dim()), dtype=torch.int64, device=tensor.device)
+NonzeroBound = Callable[[torch.Tensor], int]
+
+_EVERY_ELEMENT = ("numel of the mask (every element non-zero), or the k indices written into "
+                  "a mask of zeros")
 
 
-@register_bounded("aten::masked_select", "length = numel of the broadcast input (mask all true)")
-def _every_element_selected(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    numel = torch.broadcast_shapes(tensor.shape, mask.shape).numel()
+@register_bounded("aten::nonzero", f"rows = {_EVERY_ELEMENT}")
+def _every_element_nonzero(nonzero_bound: NonzeroBound, tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty((nonzero_bound(tensor), tensor.dim()), dtype=torch.int64,
+                       device=tensor.device)
+
+
+@register_bounded("aten::masked_select", f"length = {_EVERY_ELEMENT}, broadcast")
+def _every_element_selected(nonzero_bound: NonzeroBound, tensor: torch.Tensor,
+                            mask: torch.Tensor) -> torch.Tensor:
+    shape = torch.broadcast_shapes(tensor.shape, mask.shape)
+    numel = nonzero_bound(mask) * (shape.numel() // max(mask.numel(), 1))
     return torch.empty((numel,), dtype=tensor.dtype, device=tensor.device)
 
 
@@ -109,60 +123,62 @@ _UNIQUE = "length = numel of the input (every value distinct)"
 
 
 @register_bounded("aten::_unique2", _UNIQUE)
-def _unique2(tensor, sorted=True, return_inverse=False, return_counts=False):
+def _unique2(nonzero_bound, tensor, sorted=True, return_inverse=False, return_counts=False):
     return _unique_outputs(tensor, return_inverse, return_counts)
 
 
 @register_bounded("aten::_unique", _UNIQUE)
-def _unique(tensor, sorted=True, return_inverse=False):
+def _unique(nonzero_bound, tensor, sorted=True, return_inverse=False):
     return _unique_outputs(tensor, return_inverse, False)[:2]
 
 
 @register_bounded("aten::unique_consecutive", _UNIQUE)
-def _unique_consecutive(tensor, return_inverse=False, return_counts=False, dim=None):
+def _unique_consecutive(nonzero_bound, tensor, return_inverse=False, return_counts=False,
+                        dim=None):
     return _unique_outputs(tensor, return_inverse, return_counts,
                            None if dim is None else dim % max(tensor.dim(), 1))
 
 
 @register_bounded("aten::unique_dim", "length = size of the dim (every slice distinct)")
-def _unique_dim(tensor, dim, sorted=True, return_inverse=False, return_counts=False):
+def _unique_dim(nonzero_bound, tensor, dim, sorted=True, return_inverse=False,
+                return_counts=False):
     return _unique_outputs(tensor, return_inverse, return_counts, dim % max(tensor.dim(), 1))
 
 
 @register_bounded("torchvision::nms", "kept = every box in (nothing suppressed)")
-def _every_box_kept(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float
-                    ) -> torch.Tensor:
+def _every_box_kept(nonzero_bound: NonzeroBound, boxes: torch.Tensor, scores: torch.Tensor,
+                    iou_threshold: float) -> torch.Tensor:
     return torch.empty((boxes.size(0),), dtype=torch.int64, device=boxes.device)
 
 
-def _mask_as_indices(indices) -> list:
+def _mask_as_indices(nonzero_bound: NonzeroBound, indices) -> list:
     """Boolean masks replaced by the index tensors ``nonzero`` gives at its bound, as ATen's
     ``expandTensors`` does (one int64 (numel, dims) tensor, one column per masked dim)."""
     expanded = []
     for index in indices:
         if index is not None and index.dtype in MASK_DTYPES:
-            expanded.extend(_every_element_nonzero(index).unbind(1))
+            expanded.extend(_every_element_nonzero(nonzero_bound, index).unbind(1))
         else:
             expanded.append(index)
     return expanded
 
 
-@register_bounded("aten::index.Tensor", "selected = numel of the mask (mask all true)")
-def _index_by_mask(tensor: torch.Tensor, indices) -> torch.Tensor:
+@register_bounded("aten::index.Tensor", f"selected = {_EVERY_ELEMENT}")
+def _index_by_mask(nonzero_bound: NonzeroBound, tensor: torch.Tensor, indices) -> torch.Tensor:
     """Reading by a mask (``x[mask]``); writing by one (``index_put``, also its backward)
     needs no bound: its output is the input's size."""
-    return torch.ops.aten.index.Tensor(tensor, _mask_as_indices(indices))
+    return torch.ops.aten.index.Tensor(tensor, _mask_as_indices(nonzero_bound, indices))
 
 
 # -- values handed to Python ------------------------------------------------------------------
 
 @register_bounded("aten::equal", "True (the tensors are taken as equal)")
-def _equal(tensor, other) -> bool:
+def _equal(nonzero_bound, tensor, other) -> bool:
     return True
 
 
 @register_bounded("aten::allclose", "True (the tensors are taken as close)")
-def _allclose(tensor, other, rtol=1e-5, atol=1e-8, equal_nan=False) -> bool:
+def _allclose(nonzero_bound, tensor, other, rtol=1e-5, atol=1e-8, equal_nan=False) -> bool:
     return True
 
 
@@ -206,6 +222,7 @@ class BoundedOps:
         self._mode = OpInterceptor(self._handle)
         self._uses: Counter[tuple[str, str]] = Counter()
         self._scalars: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._masks = MaskCounts()
 
     def __enter__(self) -> BoundedOps:
         self._mode.__enter__()
@@ -232,7 +249,8 @@ class BoundedOps:
             if rule is None:
                 raise
             self._uses[(name, rule.bound)] += 1
-            return rule.make(*args, **kwargs)
+            return rule.make(self._masks.bound, *args, **kwargs)
+        self._masks.observe(func, name, args, kwargs, outputs)
         convention = SCALAR_CONVENTIONS.get(name.partition(".")[0])
         if convention is not None and isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
             self._scalars[outputs] = (convention[0](*args, **kwargs), convention[1])
