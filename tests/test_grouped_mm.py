@@ -74,3 +74,16 @@ def test_a_tiny_moe_training_step_traces_through_grouped_mm(family, precision):
     assert result.output_shape == (2, 16, 128)
     assert "_grouped_mm" in result.op_names
     assert result.bounded_sizes == ()           # routing sorts and counts: nothing bounded
+
+
+@pytest.mark.parametrize("implementation,op", [("eager", "nonzero"), ("batched_mm", "bmm")])
+def test_the_other_expert_implementations_trace_too(implementation, op):
+    """transformers' ``eager`` experts pick their tokens with ``torch.where`` (bounded here);
+    ``batched_mm`` gathers every expert's weights per token."""
+    model = _tiny_moe("mixtral")
+    model.config._experts_implementation = implementation
+    setup = StepSetup(lambda: model, (2, 16), torch.int64, LossKind.CROSS_ENTROPY,
+                      classes_last=True, optimizer=optimizer_rule("adam"), foreach=True,
+                      policy=precision_policy("fp32"))
+    result = trace_training_step(setup)
+    assert op in result.op_names and "_grouped_mm" not in result.op_names
