@@ -14,11 +14,12 @@ from typing import Any
 
 from torch import nn
 
-from memcalc.errors import InputError, MemoryBudgetError
+from memcalc.errors import InputError, MemoryBudgetError, UntracedEstimateError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
 from memcalc.model.source import model_reference, resolve_model
 from memcalc.pipeline import estimate as estimate_spec
 from memcalc.pipeline import training_step_flops
+from memcalc.report.assumptions import TRACE_FAILED_PREFIX
 from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, StrategyPlan, VariantEstimator, plan_strategies
@@ -77,7 +78,9 @@ def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batc
           gpu: str | None = None, gpu_memory_bytes: int | None = None,
           num_workers: int | None = None, **options: Any) -> Report:
     """The report when ``batch_size`` (and ``num_workers``) fit the GPU and the host; else
-    ``MemoryBudgetError`` with the numbers and the cheapest fixes that fit."""
+    ``MemoryBudgetError`` with the numbers and the cheapest fixes that fit, or
+    ``UntracedEstimateError`` when the step could not be traced (a static count never
+    shows that a batch fits)."""
     if gpu is None and gpu_memory_bytes is None:
         raise InputError("check needs a capacity: give gpu='A100-80GB' (see `memcalc gpus`) or "
                          "gpu_memory_bytes")
@@ -97,10 +100,22 @@ def check_spec(spec: TrainingSpec) -> Report:
                          "--gpu NAME or --gpu-memory SIZE")
     report = estimate_spec(spec)
     problems = _problems(report)
+    if report.device.method != "traced" and not problems:
+        raise UntracedEstimateError(_untraced_message(report), report=report)
     if not problems:
         return report
-    strategies = plan_spec(spec, ClusterSpec()) if spec.gpu and not report.device.fits else None
+    strategies = plan_spec(spec, ClusterSpec()) if spec.gpu and report.device.fits is False else None
     raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
+
+
+def _untraced_message(report: Report) -> str:
+    device = report.device
+    why = next((line.removeprefix(TRACE_FAILED_PREFIX).split(";")[0]
+                for line in report.unsupported if line.startswith(TRACE_FAILED_PREFIX)), "")
+    return (f"fit unknown: the training step could not be traced ({why or 'see the report'}); "
+            f"the static lower bound for batch {device.batch_size} is "
+            f"{format_bytes(device.total_bytes)} of {format_bytes(device.plan.usable_bytes)} "
+            "usable, which does not show that it fits")
 
 
 def _problems(report: Report) -> list[str]:

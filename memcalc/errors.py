@@ -34,6 +34,15 @@ class MemoryBudgetError(MemcalcError):
         self.report, self.plan = report, plan
 
 
+class UntracedEstimateError(MemcalcError):
+    """A check cannot say "fits": the step could not be traced, so only a static lower bound
+    is known; ``report`` holds it, marked static."""
+
+    def __init__(self, message: str, report=None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
 class CalibrationError(MemcalcError):
     """The GPU measurements of ``memcalc calibrate`` could not be made (no GPU, NVML
     missing, a measuring process failed)."""

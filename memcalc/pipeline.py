@@ -151,7 +151,9 @@ def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, h
         + bounded_size_assumptions(device.bounded_sizes),
         unsupported=step_unsupported(spec, checkpoint_blocks=blocks,
                                      table_error=prepared.table_error,
-                                     trace_error=prepared.trace_error_at(device.batch_size)),
+                                     trace_error=prepared.trace_error_at(device.batch_size),
+                                     leaf_outputs_counted=prepared.leaf_output_elements
+                                     is not None),
         host=host, throughput=throughput,
     )
 

@@ -65,3 +65,19 @@ def test_check_raises_when_the_workers_do_not_fit_the_host():
 def test_check_needs_a_capacity():
     with pytest.raises(InputError, match="check needs a capacity"):
         memcalc.check("mlp", (64,), batch_size=2)
+
+
+def test_check_never_says_fits_for_a_static_estimate():
+    from memcalc.errors import UntracedEstimateError
+
+    with pytest.raises(UntracedEstimateError, match=r"fit unknown: .*could not be traced.*"
+                                                    r"\.numpy\(\)"):
+        memcalc.check("tests.fixtures.models:untraceable", (8,), batch_size=4, gpu="T4",
+                      machine={"cpus": 2, "ram_bytes": 8 << 30})
+
+
+def test_plan_works_on_a_static_model_and_marks_every_candidate():
+    plan = memcalc.plan("tests.fixtures.models:untraceable", (8,), gpu="T4", max_gpus=2,
+                        machine={"cpus": 2, "ram_bytes": 8 << 30})
+    assert plan.reason.startswith("STATIC ESTIMATE, NOT TRACED")
+    assert plan.candidates and all(c.method.startswith("STATIC") for c in plan.candidates)

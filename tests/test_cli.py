@@ -86,6 +86,15 @@ COMMAND_BAD_INVOCATIONS = {
                                  "--batch-size", "4", "--gpu-memory", "1GiB", "--cpus", "2",
                                  "--ram", "8GiB"], 1,
                                 r"DOES NOT FIT: batch 4 needs .* GiB on the GPU"),
+    "check of an untraceable model": (["check", "--model", "tests.fixtures.models:untraceable",
+                                       "--shape", "8", "--batch-size", "4", "--gpu", "T4",
+                                       "--cpus", "2", "--ram", "8GiB"], 3,
+                                      r"FIT UNKNOWN \(STATIC\): the training step could not "
+                                      r"be traced"),
+    "named input without a shape": (["estimate", "--model", "mlp", "--input", "mask"], 2,
+                                    r"input must look like NAME=SHAPE\[:DTYPE\]"),
+    "empty shape part": (["estimate", "--model", "mlp", "--shape", "3,,224"], 2,
+                         r"shape must be positive integers separated by commas"),
     "zero step time": (["feed", "--dataset", "a:b", "--step-time", "0"], 2,
                        r"'--step-time': 0.0 is not in the range x>0"),
     "negative worker count": (["feed", "--dataset", "a:b", "--step-time", "1", "--workers",
@@ -141,7 +150,7 @@ def test_every_command_rejects_bad_input_in_one_line(case):
     assert result.exit_code == exit_code, result.output
     assert_exited_cleanly(result)
     lines = [line for line in result.stderr.splitlines()
-             if line.startswith(("Error", "DOES NOT FIT"))]
+             if line.startswith(("Error", "DOES NOT FIT", "FIT UNKNOWN"))]
     assert len(lines) == 1
     assert re.search(message, result.stderr.replace("\n", " ")), result.stderr
 

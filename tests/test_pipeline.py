@@ -168,7 +168,7 @@ def test_fits_is_the_allocator_replayed_at_the_usable_capacity():
     assert cramped.runs_at_capacity is False and cramped.fits is False
 
 
-def test_a_batch_that_cannot_train_stays_static_and_says_so_while_larger_ones_trace():
+def test_a_batch_that_cannot_train_says_so_and_the_line_skips_it():
     from rich.console import Console
 
     from memcalc.render.terminal import report_renderable
@@ -180,9 +180,10 @@ def test_a_batch_that_cannot_train_stays_static_and_says_so_while_larger_ones_tr
     assert report.device.method == "traced" and report.device.batch_size == 4
     assert not any("STATIC" in line for line in report.unsupported)
     methods = {point.batch_size: point.method for point in report.device.plan.points}
-    assert methods[1] == "static" and methods[8] == "traced"
+    assert methods[1] == "cannot train" and methods[8] == "traced"
+    assert report.device.plan.fit_batches[0] == 8
     console = Console(width=200, record=True)
     console.print(report_renderable(report))
     text = console.export_text()
-    assert "1: " in text and "(STATIC: the trace failed)" in text
-    assert "line through batches 1 and" in text and "traced batches:" not in text
+    assert "1: cannot train at this batch" in text and "STATIC" not in text
+    assert "line through traced batches 8 and" in text

@@ -30,6 +30,9 @@ from memcalc.strategies.specs import Interconnect, Strategy
 from memcalc.units import format_bytes, format_count
 from memcalc.model.zoo_catalog import zoo_rows
 
+UNTRACED_EXIT_CODE = 3
+"""``memcalc check``: the step could not be traced, so whether it fits is unknown."""
+
 
 @click.group()
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
@@ -75,9 +78,10 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
 @host_options
 @click.pass_context
 def check(ctx, as_json, **options) -> None:
-    """Exit 0 when --batch-size (and --num-workers) fit the GPU and host, 1 when not."""
+    """Exit 0 when --batch-size (and --num-workers) fit the GPU and host, 1 when not, 3 when
+    the step could not be traced (fit unknown: a static count never says "fits")."""
     from memcalc.api import check_spec
-    from memcalc.errors import MemoryBudgetError
+    from memcalc.errors import MemoryBudgetError, UntracedEstimateError
     from memcalc.render.terminal import fits_summary
 
     def work():
@@ -88,6 +92,12 @@ def check(ctx, as_json, **options) -> None:
         except MemoryBudgetError as error:
             click.echo(f"DOES NOT FIT: {str(error).removeprefix('does not fit: ')}", err=True)
             sys.exit(1)
+        except UntracedEstimateError as error:
+            if as_json:
+                click.echo(error.report.model_dump_json(indent=2))
+            click.echo(f"FIT UNKNOWN (STATIC): {str(error).removeprefix('fit unknown: ')}",
+                       err=True)
+            sys.exit(UNTRACED_EXIT_CODE)
         _show(report, as_json, fits_summary)
 
     _run_guarded(ctx, work)

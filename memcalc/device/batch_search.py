@@ -44,9 +44,36 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int
     best = _search(measure, totals, fitting, usable_bytes)
     confirmed = best + 1 in totals and not fitting[best + 1]
     # Near the answer the allocator rounds every large tensor to its own segment, so the
-    # line through batch 1 and the planned batch describes the operating range best.
-    fit_batches = (small, max(large, best))
-    return _plan(usable_bytes, fit_batches, best, confirmed, reports, fitting), reports
+    # line through the smallest traced batch and the planned batch describes the operating
+    # range best.
+    return _plan(usable_bytes, _fit_batches(reports, best), best, confirmed, reports,
+                 fitting), reports
+
+
+UNTRAINABLE = "cannot train"
+"""A batch whose trace failed below a batch that traces: the model's own code refuses that
+batch (BatchNorm over one value per channel at batch 1), on a GPU as in the trace."""
+
+
+def _fit_batches(reports: dict[int, DeviceReport], best: int) -> tuple[int, int]:
+    """The line's two batches: the smallest traced one (batch 1 unless the model cannot
+    train there) and the planned batch, or the next traced one when they coincide."""
+    small, large = FIT_BATCHES
+    traced = sorted(batch for batch, report in reports.items() if report.method == "traced")
+    low = traced[0] if traced else small
+    high = max(large, best)
+    if high <= low:
+        above = [batch for batch in traced if batch > low]
+        return (low, above[0]) if above else (small, large)
+    return low, high
+
+
+def _method(batch: int, report: DeviceReport, reports: dict[int, DeviceReport]) -> str:
+    """The point's method: ``cannot train`` for a failed trace below one that worked."""
+    if report.method != "traced" and any(
+            other.method == "traced" for size, other in reports.items() if size > batch):
+        return UNTRAINABLE
+    return report.method
 
 
 def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict[int, bool],
@@ -97,7 +124,7 @@ def _plan(usable_bytes: int, fit_batches: tuple[int, int], best: int, confirmed:
     total_a, total_b = reports[batch_a].total_bytes, reports[batch_b].total_bytes
     per_sample = max(0, round((total_b - total_a) / (batch_b - batch_a)))
     points = [PlanPoint(batch_size=batch, total_bytes=report.total_bytes, fits=fitting[batch],
-                        method=report.method,
+                        method=_method(batch, report, reports),
                         allocated_bytes=report.peak_allocated_bytes,
                         compute_peak_bytes=report.compute_peak_bytes,
                         optimizer_peak_bytes=report.optimizer_peak_bytes)

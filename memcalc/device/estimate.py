@@ -111,16 +111,20 @@ def static_device_report(target: DeviceTarget, static: StaticEstimate, *, batch_
     spec, profile = target.spec, target.profile
     activations = (leaf_output_elements or 0) * batch_size * element_size(dtype)
     on_cuda = spec.device is DeviceKind.CUDA
+    breakdown = Breakdown(
+        parameters=static.parameter_bytes, buffers=static.buffer_bytes,
+        input_batch=static.input_batch_bytes, gradients=static.gradient_bytes,
+        optimizer_state=static.optimizer_state_bytes + static.optimizer_step_counter_bytes,
+        activations=activations, temporaries=0,
+    )
     return DeviceReport(
         kind=spec.device.value,
         batch_size=batch_size,
         method="static",
-        breakdown=Breakdown(
-            parameters=static.parameter_bytes, buffers=static.buffer_bytes,
-            input_batch=static.input_batch_bytes, gradients=static.gradient_bytes,
-            optimizer_state=static.optimizer_state_bytes + static.optimizer_step_counter_bytes,
-            activations=activations, temporaries=0,
-        ),
+        breakdown=breakdown,
+        # the same lower bound split by phase: activations live in forward/backward only
+        compute_peak_bytes=breakdown.total_bytes,
+        optimizer_peak_bytes=breakdown.total_bytes - activations,
         top_modules=[],
         peak_phase=None,
         peak_iteration=None,

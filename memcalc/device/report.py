@@ -21,8 +21,9 @@ class PlanPoint(BaseModel):
     batch_size: int
     total_bytes: int
     fits: bool
-    method: Literal["traced", "static"] = "traced"
-    """``static`` where the trace failed at this batch (e.g. BatchNorm at batch 1)."""
+    method: Literal["traced", "static", "cannot train"] = "traced"
+    """``static`` where the trace failed at this batch; ``cannot train`` where it failed but
+    a larger batch traces (the model refuses this batch, e.g. BatchNorm at batch 1)."""
     allocated_bytes: int | None = None
     """Live tensor bytes + workspaces at the peak (what the allocator reserves for)."""
     compute_peak_bytes: int | None = None
@@ -217,12 +218,14 @@ class DeviceReport(BaseModel):
     @property
     def fits(self) -> bool | None:
         """Whether the step runs in capacity minus headroom (``runs_at_capacity`` when the
-        allocator was replayed with that limit); None without a capacity."""
+        allocator was replayed with that limit); None without a capacity, and None for a
+        static estimate within it (a lower bound cannot show that a step fits)."""
         if self.capacity_bytes is None:
             return None
         if self.runs_at_capacity is not None:
             return self.runs_at_capacity
-        return self.total_bytes <= self.capacity_bytes - self.headroom_bytes
+        within = self.total_bytes <= self.capacity_bytes - self.headroom_bytes
+        return None if within and self.method != "traced" else within
 
     @computed_field
     @property

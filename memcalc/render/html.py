@@ -22,12 +22,15 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 def report_html(report: Report) -> str:
     """The peak, the breakdown table, the largest batch, feeding and host RAM as HTML."""
     device = report.device
-    fits = ("" if device.fits is None else
-            " — <b style='color:green'>fits</b>" if device.fits else
-            " — <b style='color:red'>does not fit</b>")
+    traced = device.method == "traced"
+    fits = (" — <b style='color:green'>fits</b>" if device.fits else
+            " — <b style='color:red'>does not fit</b>" if device.fits is False else
+            "" if traced or device.capacity_bytes is None else
+            " — <b style='color:orange'>fit unknown</b>")
+    method = "traced" if traced else "<b style='color:orange'>STATIC ESTIMATE, not traced</b>"
     parts = [f"<h4>memcalc: {escape(report.model.name)}, batch {device.batch_size}, "
              f"{escape(report.spec.precision.value)} — peak {format_bytes(device.peak_bytes)}"
-             f" ({escape(device.method)}){fits}</h4>"]
+             f" ({method}){fits}</h4>"]
     rows = [[category.value, format_bytes(nbytes), f"{nbytes:,}"]
             for category, nbytes in device.breakdown.by_category().items()]
     if device.peak_reserved_bytes is not None:

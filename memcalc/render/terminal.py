@@ -6,6 +6,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
+from memcalc.device.batch_search import UNTRAINABLE
 from memcalc.render.feed import throughput_renderable
 from memcalc.render.helpers import bullets
 from memcalc.render.host import host_renderable
@@ -96,12 +97,17 @@ def _plan_panel(report: Report) -> Panel:
                      f"{levers} — `memcalc plan` traces and ranks them")
     else:
         state = "confirmed" if plan.confirmed else "NOT confirmed"
+        if plan.max_batch_size in static:
+            state = "STATIC lower bound, fit unknown: NOT confirmed"
         lines.append(f"[bold]largest batch that fits: {plan.max_batch_size}[/] ({state} by "
                      "tracing it and the next one up)")
-    traced = ", ".join(f"{point.batch_size}: {format_bytes(point.total_bytes)} "
-                       f"{'fits' if point.fits else 'over'}"
-                       + (" (STATIC: the trace failed)" if point.batch_size in static else "")
-                       for point in plan.points)
+    untrainable = {point.batch_size for point in plan.points if point.method == UNTRAINABLE}
+    traced = ", ".join(
+        f"{point.batch_size}: cannot train at this batch (its trace fails where larger ones "
+        "trace: the model's own code refuses it)" if point.batch_size in untrainable else
+        f"{point.batch_size}: {format_bytes(point.total_bytes)} {'fits' if point.fits else 'over'}"
+        + (" (STATIC: the trace failed)" if point.batch_size in static else "")
+        for point in plan.points)
     lines.append(f"{'estimated' if static else 'traced'} batches: {traced}")
     return Panel("\n".join(lines), title="Batch plan", title_align="left")
 

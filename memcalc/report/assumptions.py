@@ -163,12 +163,23 @@ def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:
 
 
 def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
-                     table_error: str | None, trace_error: str | None) -> list[str]:
+                     table_error: str | None, trace_error: str | None,
+                     leaf_outputs_counted: bool = True) -> list[str]:
     """What this estimate could not do, before the gaps every CUDA estimate has."""
-    lines = [f"per-layer table: torchinfo failed ({table_error})"] if table_error else []
+    lines = []
+    if trace_error:
+        lines.append(f"{TRACE_FAILED_PREFIX}{trace_error}; the device figure is a STATIC "
+                     "estimate (model states, input, layer outputs once), not a trace")
+        if not leaf_outputs_counted:
+            lines.append("activations: NOT COUNTED in the static estimate (neither torchinfo "
+                         "nor a forward on meta tensors could run the model): its figure holds "
+                         "model states and the input only")
+    if table_error:
+        lines.append(f"per-layer table: torchinfo failed ({table_error})")
     if spec.activation_checkpointing and not checkpoint_blocks:
         lines.append("activation checkpointing: no repeated blocks found, not applied")
-    if trace_error:
-        lines.append(f"traced step: {trace_error}; the device figure is a STATIC "
-                     "estimate (model states, input, layer outputs once), not a trace")
     return lines + unsupported(spec)
+
+
+TRACE_FAILED_PREFIX = "traced step: "
+"""Starts the ``unsupported`` line that says why an estimate is static."""

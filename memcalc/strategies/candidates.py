@@ -97,8 +97,16 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
         notes.append("accumulating needs the gradients kept between micro-batches; see the "
                      "'accumulation' candidate for that peak")
     timing = Timing(variant.flops_per_sample * max(micro, 1) * steps, compute, transfer)
-    return _candidate(strategy=variant.strategy, label=variant.label, gpus=1, method="traced",
+    return _candidate(strategy=variant.strategy, label=variant.label, gpus=1,
+                      method=_static_mark(variant, "traced"),
                       peak=peak, batching=batching, timing=timing, notes=notes)
+
+
+def _static_mark(base: TracedVariant, method: str) -> str:
+    """A candidate resting on a static (untraced) estimate says so in its method."""
+    if base.report.device.method == "traced":
+        return method
+    return f"STATIC (trace failed): {method.replace('traced', 'counted')}"
 
 
 def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
@@ -134,7 +142,8 @@ def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
                      + steps * 2 * device.offloaded_bytes / HOST_LINK_BYTES_PER_S)
     name = rule.name(base.spec)
     label = name if base.rule.as_given else f"{name} + {base.label}"
-    return _candidate(strategy=rule.strategy, label=label, gpus=gpus, method=rule.method(base),
+    return _candidate(strategy=rule.strategy, label=label, gpus=gpus,
+                      method=_static_mark(base, rule.method(base)),
                       peak=peak, batching=batching,
                       timing=Timing(flops, compute_s, communication), notes=notes,
                       spatial_parts=base.spec.spatial_parts)

@@ -62,7 +62,8 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec,
     return StrategyPlan(
         cluster=cluster, usable_bytes=usable, candidates=ranked,
         recommended=chosen.label if chosen else None,
-        reason=_reason(chosen, ranked, cluster, usable, not_splittable),
+        reason=_static_warning(baseline) + _reason(chosen, ranked, cluster, usable,
+                                                   not_splittable),
         torchrun=torchrun_command(chosen, cluster) if chosen else None,
         slurm=slurm_header(chosen, cluster, host) if chosen else None,
         assumptions=_assumptions(cluster, model, not_splittable) + failures,
@@ -154,6 +155,14 @@ def _choose(ranked: list[Candidate], cluster: ClusterSpec) -> Candidate | None:
         forced = [c for c in ranked if c.strategy is cluster.strategy]
         return forced[0] if forced else None
     return ranked[0] if ranked and ranked[0].fits else None
+
+
+def _static_warning(baseline: TracedVariant) -> str:
+    """Opens the reason when the model could not be traced: every number is a static count."""
+    if baseline.report.device.method == "traced":
+        return ""
+    return ("STATIC ESTIMATE, NOT TRACED (the training step could not be traced; activations "
+            "are a lower bound from leaf-layer outputs, so these batches may not fit): ")
 
 
 def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterSpec,
