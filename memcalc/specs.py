@@ -76,7 +76,7 @@ class Layout(str, Enum):
     CHANNELS_LAST = "channels-last"
 
 
-ModelArgValue = int | float | bool | str
+ModelArgValue = int | float | bool | str | None
 
 
 class InputSpec(BaseModel):

@@ -90,7 +90,11 @@ class FractionType(click.ParamType):
         return fraction
 
 
-def parse_scalar(raw: str) -> int | float | bool | str:
+def parse_scalar(raw: str) -> int | float | bool | str | None:
+    """``true``/``false`` → bool, ``none`` → None (``weights_backbone=none``), numbers, else
+    the string."""
+    if raw.lower() == "none":
+        return None
     if raw.lower() in ("true", "false"):
         return raw.lower() == "true"
     for kind in (int, float):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from memcalc.errors import InputError
+from memcalc.model.detection import detection_call, is_detection_model
 
 
 @dataclass(frozen=True)
@@ -123,4 +124,15 @@ def plain_call(inputs: ModelInputs, batch_size: int) -> ModelCall:
             raise InputError(f"forward argument {key!r} is given both as an input tensor and "
                              "as a --forward-arg; keep one")
         kwargs[key] = value
+    return ModelCall(args, kwargs)
+
+
+@register_family("detection", is_detection_model)
+def _detection_call(model: nn.Module, inputs: ModelInputs, batch_size: int) -> ModelCall:
+    """torchvision-style detection in train mode: lists of images and target dicts."""
+    if inputs.positional is None:
+        raise InputError(f"{type(model).__name__} is a detection model: give the image shape "
+                         "with --shape C,H,W")
+    args, kwargs = detection_call(model, batch_size, inputs.positional.sample_shape,
+                                  inputs.positional.dtype, inputs.boxes_per_image)
     return ModelCall(args, kwargs)
