@@ -16,6 +16,7 @@ from memcalc.trace._torch_internals import (
     quiet_fake_tensor_logger,
 )
 from memcalc.trace.bounded_ops import (
+    SCALAR_CONVENTIONS,
     SCALAR_DEFAULTS,
     BoundedOps,
     bounded_op_names,
@@ -142,10 +143,10 @@ class _Checks(nn.Module):
 def test_values_handed_to_python_follow_the_documented_conventions():
     result = _trace(_Checks())
     assert result.output_shape == (SCALAR_DEFAULTS["int"][0] or BATCH * FEATURES,)
-    bounds = {use.bound.split(":")[0] for use in result.bounded_sizes
+    bounds = {use.bound for use in result.bounded_sizes
               if use.op == "aten::_local_scalar_dense"}
-    assert bounds == {"False", "True", "numel", SCALAR_DEFAULTS["float"][1],
-                      SCALAR_DEFAULTS["int"][1]}
+    conventions = {SCALAR_CONVENTIONS[f"aten::{op}"][1] for op in ("any", "all", "count_nonzero")}
+    assert bounds == conventions | {SCALAR_DEFAULTS["float"][1], SCALAR_DEFAULTS["int"][1]}
     assert all(use.count == ITERATIONS for use in result.bounded_sizes)
     assert _uses(result)["aten::equal"] == ITERATIONS
 

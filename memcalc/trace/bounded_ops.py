@@ -9,9 +9,10 @@ box kept), or, for a value, a documented conventional one (the checks a model ma
 
 A rule runs only where torch's fake kernel cannot answer (small constant tensors still get
 exact answers), and every use is counted: the report lists each op, the bound it got and how
-often. Rules take ``nonzero_bound(tensor)``, at most how many elements of a tensor are
-non-zero: its numel, or less for a mask written at k indices into zeros (``mask_counts``).
-Adding an op is one ``@register_bounded`` function.
+often. Rules take ``bounds`` (``value_counts.ValueCounts``): at most how many elements of a
+tensor are non-zero and how many distinct values it holds — its numel, or less for a mask
+written at k indices into zeros or a tensor filled with few values. Adding an op is one
+``@register_bounded`` function.
 
 Known limitations: an upper bound is not the typical size — a detector's positive proposals
 count as every sampled proposal, so its mask and keypoint heads are traced on more boxes than
@@ -35,15 +36,15 @@ from memcalc.trace._torch_internals import (
     OpInterceptor,
     WeakIdKeyDictionary,
 )
-from memcalc.trace.mask_counts import MaskCounts
+from memcalc.trace.value_counts import ValueCounts
 
 MASK_DTYPES = (torch.bool, torch.uint8)
 
 
 @dataclass(frozen=True)
 class BoundedRule:
-    """How one data-dependent op is traced: ``make(nonzero_bound, *args, **kwargs)`` returns
-    its outputs (made in the active fake mode) at the bound ``bound`` describes."""
+    """How one data-dependent op is traced: ``make(bounds, *args, **kwargs)`` returns its
+    outputs (made in the active fake mode) at the bound ``bound`` describes."""
 
     op: str
     """The op's name as ``OpOverload.name()`` gives it (``aten::nonzero``, ``torchvision::nms``)."""
@@ -64,8 +65,9 @@ _RULES: dict[str, BoundedRule] = {}
 
 
 def register_bounded(op: str, bound: str):
-    """Register ``make(nonzero_bound, *args, **kwargs)`` as the bounded form of ``op``; once per
-    op. ``nonzero_bound(tensor)``: at most how many of the tensor's elements are non-zero."""
+    """Register ``make(bounds, *args, **kwargs)`` as the bounded form of ``op``; once per op.
+    ``bounds.nonzero(tensor)`` / ``bounds.distinct(tensor)``: at most how many of the tensor's
+    elements are non-zero / distinct (``value_counts.ValueCounts``)."""
 
     def register(make: Callable) -> Callable:
         if op in _RULES:
@@ -87,30 +89,29 @@ def bounded_op_names() -> list[str]:
 
 # -- sizes ------------------------------------------------------------------------------------
 
-NonzeroBound = Callable[[torch.Tensor], int]
-
 _EVERY_ELEMENT = ("numel of the mask (every element non-zero), or the k indices written into "
                   "a mask of zeros")
 
 
 @register_bounded("aten::nonzero", f"rows = {_EVERY_ELEMENT}")
-def _every_element_nonzero(nonzero_bound: NonzeroBound, tensor: torch.Tensor) -> torch.Tensor:
-    return torch.empty((nonzero_bound(tensor), tensor.dim()), dtype=torch.int64,
+def _every_element_nonzero(bounds: ValueCounts, tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty((bounds.nonzero(tensor), tensor.dim()), dtype=torch.int64,
                        device=tensor.device)
 
 
 @register_bounded("aten::masked_select", f"length = {_EVERY_ELEMENT}, broadcast")
-def _every_element_selected(nonzero_bound: NonzeroBound, tensor: torch.Tensor,
+def _every_element_selected(bounds: ValueCounts, tensor: torch.Tensor,
                             mask: torch.Tensor) -> torch.Tensor:
     shape = torch.broadcast_shapes(tensor.shape, mask.shape)
-    numel = nonzero_bound(mask) * (shape.numel() // max(mask.numel(), 1))
+    numel = bounds.nonzero(mask) * (shape.numel() // max(mask.numel(), 1))
     return torch.empty((numel,), dtype=tensor.dtype, device=tensor.device)
 
 
-def _unique_outputs(tensor: torch.Tensor, return_inverse: bool, return_counts: bool,
-                    dim: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every value distinct: as many uniques as elements (or slices along ``dim``)."""
-    length = tensor.numel() if dim is None else tensor.size(dim)
+def _unique_outputs(bounds: ValueCounts, tensor: torch.Tensor, return_inverse: bool,
+                    return_counts: bool, dim: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As many uniques as distinct values (elements, or slices along ``dim``)."""
+    length = bounds.distinct(tensor) if dim is None else tensor.size(dim)
     shape = (length,) if dim is None else (*tensor.shape[:dim], length, *tensor.shape[dim + 1:])
     inverse_shape = tensor.shape if dim is None else (length,)
     device = tensor.device
@@ -119,66 +120,67 @@ def _unique_outputs(tensor: torch.Tensor, return_inverse: bool, return_counts: b
             torch.empty((length,) if return_counts else (0,), dtype=torch.int64, device=device))
 
 
-_UNIQUE = "length = numel of the input (every value distinct)"
+_UNIQUE = ("length = numel of the input (every value distinct), or the values a tensor "
+           "filled with few values can hold")
 
 
 @register_bounded("aten::_unique2", _UNIQUE)
-def _unique2(nonzero_bound, tensor, sorted=True, return_inverse=False, return_counts=False):
-    return _unique_outputs(tensor, return_inverse, return_counts)
+def _unique2(bounds, tensor, sorted=True, return_inverse=False, return_counts=False):
+    return _unique_outputs(bounds, tensor, return_inverse, return_counts)
 
 
 @register_bounded("aten::_unique", _UNIQUE)
-def _unique(nonzero_bound, tensor, sorted=True, return_inverse=False):
-    return _unique_outputs(tensor, return_inverse, False)[:2]
+def _unique(bounds, tensor, sorted=True, return_inverse=False):
+    return _unique_outputs(bounds, tensor, return_inverse, False)[:2]
 
 
 @register_bounded("aten::unique_consecutive", _UNIQUE)
-def _unique_consecutive(nonzero_bound, tensor, return_inverse=False, return_counts=False,
+def _unique_consecutive(bounds, tensor, return_inverse=False, return_counts=False,
                         dim=None):
-    return _unique_outputs(tensor, return_inverse, return_counts,
+    return _unique_outputs(bounds, tensor, return_inverse, return_counts,
                            None if dim is None else dim % max(tensor.dim(), 1))
 
 
 @register_bounded("aten::unique_dim", "length = size of the dim (every slice distinct)")
-def _unique_dim(nonzero_bound, tensor, dim, sorted=True, return_inverse=False,
+def _unique_dim(bounds, tensor, dim, sorted=True, return_inverse=False,
                 return_counts=False):
-    return _unique_outputs(tensor, return_inverse, return_counts, dim % max(tensor.dim(), 1))
+    return _unique_outputs(bounds, tensor, return_inverse, return_counts, dim % max(tensor.dim(), 1))
 
 
 @register_bounded("torchvision::nms", "kept = every box in (nothing suppressed)")
-def _every_box_kept(nonzero_bound: NonzeroBound, boxes: torch.Tensor, scores: torch.Tensor,
+def _every_box_kept(bounds: ValueCounts, boxes: torch.Tensor, scores: torch.Tensor,
                     iou_threshold: float) -> torch.Tensor:
     return torch.empty((boxes.size(0),), dtype=torch.int64, device=boxes.device)
 
 
-def _mask_as_indices(nonzero_bound: NonzeroBound, indices) -> list:
+def _mask_as_indices(bounds: ValueCounts, indices) -> list:
     """Boolean masks replaced by the index tensors ``nonzero`` gives at its bound, as ATen's
     ``expandTensors`` does (one int64 (numel, dims) tensor, one column per masked dim)."""
     expanded = []
     for index in indices:
         if index is not None and index.dtype in MASK_DTYPES:
-            expanded.extend(_every_element_nonzero(nonzero_bound, index).unbind(1))
+            expanded.extend(_every_element_nonzero(bounds, index).unbind(1))
         else:
             expanded.append(index)
     return expanded
 
 
 @register_bounded("aten::index.Tensor", f"selected = {_EVERY_ELEMENT}")
-def _index_by_mask(nonzero_bound: NonzeroBound, tensor: torch.Tensor, indices) -> torch.Tensor:
+def _index_by_mask(bounds: ValueCounts, tensor: torch.Tensor, indices) -> torch.Tensor:
     """Reading by a mask (``x[mask]``); writing by one (``index_put``, also its backward)
     needs no bound: its output is the input's size."""
-    return torch.ops.aten.index.Tensor(tensor, _mask_as_indices(nonzero_bound, indices))
+    return torch.ops.aten.index.Tensor(tensor, _mask_as_indices(bounds, indices))
 
 
 # -- values handed to Python ------------------------------------------------------------------
 
 @register_bounded("aten::equal", "True (the tensors are taken as equal)")
-def _equal(nonzero_bound, tensor, other) -> bool:
+def _equal(bounds, tensor, other) -> bool:
     return True
 
 
 @register_bounded("aten::allclose", "True (the tensors are taken as close)")
-def _allclose(nonzero_bound, tensor, other, rtol=1e-5, atol=1e-8, equal_nan=False) -> bool:
+def _allclose(bounds, tensor, other, rtol=1e-5, atol=1e-8, equal_nan=False) -> bool:
     return True
 
 
@@ -188,7 +190,7 @@ SCALAR_OP = "aten::_local_scalar_dense"
 SCALAR_DEFAULTS: dict[str, tuple[object, str]] = {
     "bool": (False, "False (a flag no element raised)"),
     "int": (0, "0 (a valid index, an empty count)"),
-    "float": (1.0, "1.0 (a neutral scale and divisor)"),
+    "float": (0.0, "0.0 (the low end of a random draw: torchvision's random size choice)"),
 }
 """``.item()`` of a tensor whose value no convention covers, by the kind of its dtype."""
 
@@ -222,7 +224,7 @@ class BoundedOps:
         self._mode = OpInterceptor(self._handle)
         self._uses: Counter[tuple[str, str]] = Counter()
         self._scalars: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        self._masks = MaskCounts()
+        self._counts = ValueCounts()
 
     def __enter__(self) -> BoundedOps:
         self._mode.__enter__()
@@ -249,10 +251,10 @@ class BoundedOps:
             if rule is None:
                 raise
             self._uses[(name, rule.bound)] += 1
-            return rule.make(self._masks.bound, *args, **kwargs)
-        self._masks.observe(func, name, args, kwargs, outputs)
+            outputs = rule.make(self._counts, *args, **kwargs)
+        self._counts.observe(func, name, args, kwargs, outputs)
         convention = SCALAR_CONVENTIONS.get(name.partition(".")[0])
-        if convention is not None and isinstance(outputs, torch.Tensor) and outputs.dim() == 0:
+        if convention is not None and isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
             self._scalars[outputs] = (convention[0](*args, **kwargs), convention[1])
         return outputs
 

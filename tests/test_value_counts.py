@@ -1,12 +1,13 @@
-"""Bounds on a mask's non-zero elements: a detector's sampler pattern bounds ``nonzero`` by
-the indices it wrote, and any other write into the mask falls back to its numel."""
+"""Bounds on a tensor's non-zero elements and distinct values: a detector's sampler pattern
+bounds ``nonzero`` by the indices it wrote, filled levels bound ``unique``, and any other write
+into a counted tensor falls back to its numel."""
 
 import pytest
 import torch
 
 from memcalc.trace._torch_internals import fake_cpu_mode
 from memcalc.trace.bounded_ops import BoundedOps
-from memcalc.trace.mask_counts import count_rule
+from memcalc.trace.value_counts import NONZERO, count_rule
 
 PROPOSALS, POSITIVE, NEGATIVE = 2000, 128, 384
 
@@ -53,5 +54,31 @@ def test_any_other_write_forgets_the_count(write):
 
 
 def test_a_count_rule_registered_twice_is_an_error():
-    with pytest.raises(ValueError, match="'aten::zeros' is registered already"):
-        count_rule("aten::zeros")(lambda count_of, *args: 0)
+    with pytest.raises(ValueError, match="nonzero count rule for 'aten::zeros' is registered"):
+        count_rule(NONZERO, "aten::zeros")(lambda count_of, *args: 0)
+
+
+def _levels(sizes):
+    """torchvision's RPN: one level index per proposal, gathered by the kept proposals."""
+    levels = torch.cat([torch.full((size,), level, dtype=torch.int64)
+                        for level, size in enumerate(sizes)])
+    kept = torch.where(torch.empty(sum(sizes)) >= 0.5)[0]
+    return levels.reshape(1, -1).expand(2, -1)[0][kept]
+
+
+def test_unique_of_gathered_level_indices_holds_one_value_per_level():
+    sizes = [2000, 2000, 2000, 507]
+    with fake_cpu_mode(), BoundedOps():
+        levels = _levels(sizes)
+        distinct = torch.unique(levels)
+        values = torch.unique(torch.empty(10))
+    assert levels.shape == (sum(sizes),)
+    assert distinct.shape == (len(sizes),) and values.shape == (10,)
+
+
+def test_a_write_into_the_levels_forgets_their_distinct_count():
+    with fake_cpu_mode(), BoundedOps():
+        levels = _levels([30, 20])
+        levels.add_(1)
+        distinct = torch.unique(levels)
+    assert distinct.shape == (50,)
