@@ -10,7 +10,7 @@ from torch import nn
 
 from memcalc.device.report import LayerRow, StaticEstimate
 from memcalc.dtypes import element_size
-from memcalc.model.inputs import InputTensor, ModelInputs
+from memcalc.model.inputs import ModelInputs, make_call
 from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
 
@@ -46,17 +46,6 @@ def static_estimate(model: nn.Module, inputs: ModelInputs, batch_size: int,
     )
 
 
-def _meta_call(inputs: ModelInputs) -> tuple[list, dict]:
-    """A batch of one as meta tensors: positional args and keyword arguments."""
-    def tensor(spec: InputTensor) -> torch.Tensor:
-        return torch.empty((1, *spec.sample_shape), dtype=spec.dtype, device="meta")
-
-    args = [tensor(inputs.positional)] if inputs.positional else []
-    kwargs = {spec.name: tensor(spec) for spec in inputs.named}
-    kwargs.update(dict(inputs.forward_kwargs))
-    return args, kwargs
-
-
 def layer_table(model: nn.Module, inputs: ModelInputs
                 ) -> tuple[list[LayerRow], int | None, str | None]:
     """torchinfo's table for a batch of one on ``meta``.
@@ -65,7 +54,9 @@ def layer_table(model: nn.Module, inputs: ModelInputs
     sample, and torchinfo's error if any. When torchinfo fails, the leaf outputs come from a
     hooked forward on ``meta`` (no table); None only when that fails too.
     """
-    args, kwargs = _meta_call(inputs)
+    with torch.device("meta"):
+        call = make_call(model, inputs, 1)
+    args, kwargs = list(call.args), call.kwargs
     try:
         summary = torchinfo.summary(model, input_data=args or None, device="meta", verbose=0,
                                     depth=LAYER_TABLE_DEPTH, **kwargs)

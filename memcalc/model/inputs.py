@@ -10,6 +10,7 @@ have shapes and no data.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -136,3 +137,35 @@ def _detection_call(model: nn.Module, inputs: ModelInputs, batch_size: int) -> M
     args, kwargs = detection_call(model, batch_size, inputs.positional.sample_shape,
                                   inputs.positional.dtype, inputs.boxes_per_image)
     return ModelCall(args, kwargs)
+
+
+def _encoder_decoder(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)
+    return bool(getattr(config, "is_encoder_decoder", False)) and _takes(model, DECODER_IDS)
+
+
+DECODER_IDS = "decoder_input_ids"
+_DECODER_GIVEN = (DECODER_IDS, "decoder_inputs_embeds", "labels")
+
+
+@register_family("encoder-decoder", _encoder_decoder)
+def _encoder_decoder_call(model: nn.Module, inputs: ModelInputs, batch_size: int) -> ModelCall:
+    """Hugging Face encoder-decoders (T5, BART, Whisper): without decoder ids or labels, the
+    decoder gets ids shaped like the encoder's token ids."""
+    call = plain_call(inputs, batch_size)
+    if any(name in call.kwargs for name in _DECODER_GIVEN):
+        return call
+    encoder_ids = call.args[0] if call.args else call.kwargs.get("input_ids")
+    if encoder_ids is None or encoder_ids.is_floating_point():
+        raise InputError(f"{type(model).__name__} is an encoder-decoder fed no token ids: give "
+                         "the decoder's with --input decoder_input_ids=LENGTH:int64 (or "
+                         "--input labels=LENGTH:int64 with --loss model)")
+    call.kwargs[DECODER_IDS] = torch.empty(encoder_ids.shape, dtype=encoder_ids.dtype)
+    return call
+
+
+def _takes(model: nn.Module, name: str) -> bool:
+    try:
+        return name in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
