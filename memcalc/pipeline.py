@@ -19,7 +19,7 @@ from memcalc.errors import InputError, TraceError
 from memcalc.feed.sizing import HostInputs, host_and_throughput
 from memcalc.host import WorkerMeasurement, measure_worker
 from memcalc.host.measure import Progress
-from memcalc.model.inputs import ModelInputs
+from memcalc.model.inputs import ModelInputs, family_of
 from memcalc.model.layout import CONV_TYPES, LayoutDecision
 from memcalc.model.step_inputs import resolve_step_inputs, token_inputs
 from memcalc.model.source import display_name, resolve_model
@@ -139,7 +139,11 @@ def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, h
         input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
                            traced_batch_shape=(device.batch_size, *layout.traced_sample_shape),
                            dtype=str(setup.batch_dtype).removeprefix("torch."),
-                           output_shape=prepared.output_shapes.get(device.batch_size)),
+                           output_shape=prepared.output_shapes.get(device.batch_size),
+                           named_inputs={t.name: f"{(device.batch_size, *t.sample_shape)} "
+                                                 f"{str(t.dtype).removeprefix('torch.')}"
+                                         for t in setup.named_inputs},
+                           family=family_of(prepared.model)),
         static=static, device=device,
         assumptions=assumptions(spec, prepared.target.gpu, prepared.target.profile,
                                 model_has_conv=prepared.has_conv,

@@ -27,7 +27,10 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
         f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
         f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
-        f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}\n"
+        f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}"
+        + "".join(f"; {name} {shape}" for name, shape in report.input.named_inputs.items())
+        + (f"; called as {report.input.family}" if report.input.family != "tensors" else "")
+        + "\n"
         f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}{reserved}; allocated "
         f"{format_bytes(device.peak_allocated_bytes)}{when})"
     )

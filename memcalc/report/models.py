@@ -33,6 +33,10 @@ class InputSummary(BaseModel):
     traced_batch_shape: tuple[int, ...]
     dtype: str
     output_shape: tuple[int, ...] | None
+    named_inputs: dict[str, str] = {}
+    """Named tensors of ``forward`` as traced: name → ``(batch, ...) dtype``."""
+    family: str = "tensors"
+    """How the model was called (``tensors``, ``detection``, ``encoder-decoder``)."""
 
 
 class Report(BaseModel):
