@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 
@@ -122,15 +123,16 @@ class ValueCounts:
         return self._bound(DISTINCT, tensor)
 
     def observe(self, func, name: str, args, kwargs, outputs) -> None:
-        for kind, counts in self._counts.items():
-            rule = _RULES[kind].get(name)
-            count = (rule(lambda t, c=counts: _count_in(c, t), *args, **kwargs)
-                     if rule is not None else None)
-            if counts:
-                for tensor in written_tensors(func, args, kwargs):
-                    counts.pop(tensor.untyped_storage(), None)
+        found = {kind: _RULES[kind][name](partial(_count_in, counts), *args, **kwargs)
+                 for kind, counts in self._counts.items() if name in _RULES[kind]}
+        if any(self._counts.values()):
+            written = [tensor.untyped_storage() for tensor in written_tensors(func, args, kwargs)]
+            for counts in self._counts.values():
+                for storage in written:
+                    counts.pop(storage, None)
+        for kind, count in found.items():
             if count is not None and isinstance(outputs, torch.Tensor):
-                counts[outputs.untyped_storage()] = min(count, outputs.numel())
+                self._counts[kind][outputs.untyped_storage()] = min(count, outputs.numel())
 
     def _bound(self, kind: str, tensor: torch.Tensor) -> int:
         count = self._counts[kind].get(tensor.untyped_storage())
