@@ -57,3 +57,9 @@ def test_an_instance_keeps_its_weights():
     weights = model.weight.detach().clone()
     memcalc.estimate(model, (4,), batch_size=2)
     assert model.weight.device.type == "cpu" and torch.equal(model.weight, weights)
+
+
+def test_a_forward_that_calls_sys_exit_is_a_static_estimate_with_the_reason():
+    report = memcalc.estimate(f"{BUILDERS}:exits_in_forward", (8,), batch_size=2, device="cpu")
+    assert report.device.method == "static"
+    assert any("sys.exit(0)" in line for line in report.unsupported)

@@ -60,7 +60,7 @@ def layer_table(model: nn.Module, inputs: ModelInputs
     try:
         summary = torchinfo.summary(model, input_data=args or None, device="meta", verbose=0,
                                     depth=LAYER_TABLE_DEPTH, **kwargs)
-    except Exception as error:  # torchinfo runs user code; any failure just drops the table
+    except (Exception, SystemExit) as error:  # torchinfo runs user code: a failure drops it
         message = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
         return [], leaf_output_elements(model, args, kwargs), message
     names = {id(module): name for name, module in model.named_modules()}
@@ -91,7 +91,7 @@ def leaf_output_elements(model: nn.Module, args: list, kwargs: dict) -> int | No
     try:
         with torch.no_grad():
             model(*args, **kwargs)
-    except Exception:  # the model's code cannot run on meta tensors
+    except (Exception, SystemExit):  # the model's code cannot run on meta tensors
         return None
     finally:
         for handle in handles:

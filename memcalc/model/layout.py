@@ -88,7 +88,7 @@ def first_layer_input(model: nn.Module, shape: tuple[int, ...],
             model(torch.empty((1, *shape), dtype=dtype, device="meta"))
     except _Reached as stop:
         return stop.args[0]
-    except Exception:  # the model's own code failed on this input
+    except (Exception, SystemExit):  # the model's own code failed on this input
         return None
     finally:
         for handle in handles:

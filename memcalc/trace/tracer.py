@@ -158,6 +158,9 @@ def trace_training_step(setup: StepSetup) -> TraceResult:
     except Exception as error:  # the user's model code may raise anything
         raise TraceError(f"the model failed in the traced step: {type(error).__name__}: "
                          f"{_first_line(error)}") from error
+    except SystemExit as error:  # a forward that exits must not end memcalc with its code
+        raise TraceError(f"the model called sys.exit({error.code!r}) in the traced step"
+                         ) from error
 
 
 def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
