@@ -158,8 +158,9 @@ def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:
         return []
     uses = "; ".join(f"{use.op} {use.count}x: {use.bound}" for use in bounded_sizes)
     return [f"data-dependent ops traced at upper bounds of their sizes, or with conventional "
-            f"values where a value went to Python (a real step, e.g. a detector's sampled "
-            f"proposals, is usually smaller): {uses}"]
+            f"values where a value went to Python (a real step can be smaller: Mask and "
+            f"Keypoint R-CNN's heads are traced on every sampled proposal, not only the "
+            f"positive ones, about 2x their real step): {uses}"]
 
 
 def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
