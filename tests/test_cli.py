@@ -336,3 +336,12 @@ def test_calibrate_writes_the_profile_estimates_then_use(monkeypatch, tmp_path):
     report = json.loads(CliRunner().invoke(main, ["estimate", *TINY_MLP, "--json",
                                                   "--env-profile", str(out)]).stdout)
     assert report["device"]["env_profile"] == "mine"
+
+
+def test_a_launch_file_from_a_static_plan_is_flagged_on_stderr():
+    result = CliRunner().invoke(main, ["plan", "--model", "tests.fixtures.models:untraceable",
+                                       "--shape", "8", "--gpu", "T4", "--max-gpus", "2",
+                                       "--cpus", "2", "--ram", "8GiB", "--emit", "slurm"])
+    assert_exited_cleanly(result)
+    assert result.stdout.startswith("#!/bin/bash")
+    assert "STATIC ESTIMATE, NOT TRACED" in result.stderr

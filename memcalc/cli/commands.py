@@ -127,6 +127,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
     """Which strategy to use: each traced or derived, ranked, with launch files."""
     from memcalc.api import plan_spec
     from memcalc.render.plan import plan_renderable
+    from memcalc.strategies.plan import STATIC_PLAN
     from memcalc.strategies import ClusterSpec
 
     def work():
@@ -137,6 +138,9 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
                               gradient_as_bucket_view=bucket_view, strategy=forced,
                               max_gpus=max_gpus)
         result = plan_spec(spec, cluster)
+        if emit and result.reason.startswith(STATIC_PLAN):
+            click.echo(f"Warning: {result.reason.split(': ')[0]}: the launch file below "
+                       "rests on a static count", err=True)
         if emit == "torchrun":
             click.echo(result.torchrun or "")
         elif emit == "slurm":

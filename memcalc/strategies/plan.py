@@ -161,8 +161,12 @@ def _static_warning(baseline: TracedVariant) -> str:
     """Opens the reason when the model could not be traced: every number is a static count."""
     if baseline.report.device.method == "traced":
         return ""
-    return ("STATIC ESTIMATE, NOT TRACED (the training step could not be traced; activations "
-            "are a lower bound from leaf-layer outputs, so these batches may not fit): ")
+    return (f"{STATIC_PLAN} (the training step could not be traced; activations are a lower "
+            "bound from leaf-layer outputs, so these batches may not fit): ")
+
+
+STATIC_PLAN = "STATIC ESTIMATE, NOT TRACED"
+"""Opens a plan's reason when its base could not be traced."""
 
 
 def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterSpec,
