@@ -1,0 +1,140 @@
+"""Ecosystem benchmark: does `memcalc estimate` trace the models users bring?
+
+Builds every case in ``benchmarks/ecosystem_cases.py`` (torchvision classification, video,
+segmentation and detection; timm; MONAI 3D; Hugging Face transformers — from code and small
+configs, never weights) through the command line, one fresh process each, as a user would:
+``memcalc estimate --model ... --batch-size 2 --json``. Each case is traced (``device.method``
+is ``traced``), static (with the reason the report gives), a clean error (one ``Error:`` line,
+non-zero exit) or a traceback (anything else: a crash, a timeout, output that is not JSON).
+
+torchvision and timm on this package index ship only wheels built against CUDA torch, so the
+benchmark runs in an environment of its own (not CI's), which runs on the CPU:
+
+    python3 -m venv /tmp/tvenv && . /tmp/tvenv/bin/activate
+    pip install torch==2.14.1 torchvision==0.29.1 && pip install timm monai transformers einops
+    pip install -e .
+    python -m benchmarks.ecosystem [--library timm] [--only vit] [--resume]
+
+Writes benchmarks/out/ecosystem.json (after every case) and benchmarks/results-ecosystem.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.ecosystem_cases import cases
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "out" / "ecosystem.json"
+RESULTS = ROOT / "benchmarks" / "results-ecosystem.md"
+TIMEOUT_S = 240
+CATEGORIES = ("traced", "static", "clean error", "traceback")
+TRACE_FAILED = "traced step: "
+
+
+def run_case(args: list[str]) -> dict:
+    """One fresh ``memcalc estimate`` process: its category, cause and seconds."""
+    command = ["nice", "-n", "10", sys.executable, "-m", "memcalc", "estimate", *args,
+               "--batch-size", "2", "--json"]
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
+                              cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"category": "traceback", "cause": f"timed out after {TIMEOUT_S} s",
+                "seconds": TIMEOUT_S}
+    seconds = round(time.perf_counter() - start, 1)
+    return {**classify(done.returncode, done.stdout, done.stderr), "seconds": seconds}
+
+
+def classify(code: int, stdout: str, stderr: str) -> dict:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    if code != 0:
+        clean = len([line for line in lines if line.startswith("Error:")]) == 1 and \
+            "Traceback" not in stderr
+        return {"category": "clean error" if clean else "traceback",
+                "cause": (lines[-1] if lines else f"exit {code}")[:300]}
+    try:
+        report = json.loads(stdout)
+    except json.JSONDecodeError:
+        return {"category": "traceback", "cause": "stdout is not the JSON report"}
+    device = report["device"]
+    result = {"peak_bytes": device["total_bytes"],
+              "bounded_ops": sorted({use["op"] for use in device.get("bounded_sizes") or []})}
+    if device["method"] == "traced":
+        return {"category": "traced", "cause": "", **result}
+    cause = next((line.removeprefix(TRACE_FAILED).split("; the device figure")[0]
+                  for line in report["unsupported"] if line.startswith(TRACE_FAILED)), "?")
+    return {"category": "static", "cause": cause[:300], **result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--library", help="only this library (as in the table)")
+    parser.add_argument("--only", help="only cases whose name contains this")
+    parser.add_argument("--resume", action="store_true", help="skip cases already measured")
+    options = parser.parse_args()
+    results = json.loads(OUT.read_text()) if options.resume and OUT.exists() else {}
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    for library, name, args in cases():
+        key = f"{library}/{name}"
+        if (options.library and library != options.library) or \
+                (options.only and options.only not in name) or key in results:
+            continue
+        results[key] = {"library": library, "name": name, "args": args, **run_case(args)}
+        print(f"{key:50s} {results[key]['category']:12s} {results[key]['seconds']:6.1f} s  "
+              f"{results[key]['cause'][:80]}", flush=True)
+        OUT.write_text(json.dumps(results, indent=1))
+    RESULTS.write_text(markdown(results))
+    print(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    by_library: dict[str, list[dict]] = defaultdict(list)
+    for result in results.values():
+        by_library[result["library"]].append(result)
+    rows = ["| library | cases | traced | static | clean error | traceback | median s |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for library, group in [*sorted(by_library.items()), ("all", list(results.values()))]:
+        counts = [sum(r["category"] == c for r in group) for c in CATEGORIES]
+        share = f" ({100 * counts[0] / len(group):.0f} %)" if group else ""
+        rows.append(f"| {library} | {len(group)} | {counts[0]}{share} | {counts[1]} | "
+                    f"{counts[2]} | {counts[3]} | "
+                    f"{statistics.median(r['seconds'] for r in group):.1f} |")
+    causes: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for result in results.values():
+        if result["category"] != "traced":
+            causes[(result["category"], result["cause"])].append(
+                f"{result['library']}/{result['name']}")
+    listed = [f"- **{category}** ({len(names)}): {cause} — {', '.join(sorted(names))}"
+              for (category, cause), names in sorted(causes.items())]
+    bounded = sorted(f"{r['library']}/{r['name']}" for r in results.values() if r.get("bounded_ops"))
+    return "\n".join([
+        "# Ecosystem: models users bring, through `memcalc estimate --batch-size 2 --json`",
+        "", f"{datetime.date.today()}; {platform.machine()}, {os.cpu_count()} CPUs; "
+        + ", ".join(f"{package} {_version(package)}" for package in
+                    ("torch", "torchvision", "timm", "monai", "transformers")), "",
+        *rows, "", "Not traced, by cause:", "", *(listed or ["- none"]), "",
+        f"Traced with data-dependent ops at bounds ({len(bounded)}): {', '.join(bounded)}", ""])
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+if __name__ == "__main__":
+    main()
