@@ -4,9 +4,25 @@ Each entry maps a public torch function to a pure rewrite of its call that, on C
 the same tensors alive that the CUDA kernel would. The mode applies them during a trace
 made for a CUDA target. Adding a kernel is one ``@cuda_substitute`` function.
 
-Known limitations: of CUDA autocast's float32 list only the normalisations and softmaxes are
-applied (``CUDA_AUTOCAST_FP32``); of CPU autocast's float32 list, the pools and pads CUDA
-runs in the input's dtype (``CPU_ONLY_AUTOCAST_FP32``).
+Audit (PyTorch sources, ``aten/src/ATen``):
+
+=====================  =====================================================  ==============
+op                     CUDA kernel vs the CPU one                              decision
+=====================  =====================================================  ==============
+dropout (not inplace)  ``native/Dropout.cpp``: ``is_fused_kernel_acceptable``  substituted
+                       sends CUDA to ``native_dropout`` (bool mask saved);
+                       CPU decomposes to ``input * noise`` (noise in dtype)
+dropout_ / feature /   ``Dropout.cpp``: ``_dropout<inplace>`` on both          same as CPU
+alpha dropout          devices
+SDPA with dropout      ``transformers/sdp_utils.cpp``: flash/efficient keep   substituted
+                       output + log-sum-exp; CPU math keeps S x S
+autocast fp32 lists    ``autocast_mode.cpp`` CUDA ``fp32``,                    substituted
+                       ``fp32_set_opt_dtype``, ``promote``                     (cuda_autocast)
+CPU-only fp32 ops      ``autocast_mode.cpp`` AutocastCPU fp32 pools, pads      substituted
+=====================  =====================================================  ==============
+
+Not yet modelled: SDPA backend choice by compute capability, cuDNN batch-norm reserve
+space, cuDNN RNN reserve space, fused optimizer kernels.
 """
 
 from __future__ import annotations
@@ -19,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 _SUBSTITUTES: dict[Callable, Callable] = {}
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
+_ORIGINAL_DROPOUT = F.dropout
 
 
 def cuda_substitute(torch_function: Callable):
@@ -43,6 +60,18 @@ def _sdpa_without_stored_dropout(query, key, value, attn_mask=None, dropout_p=0.
     Dropping ``dropout_p`` keeps the CPU on its flash kernel, whose saved tensors match."""
     return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
                           is_causal=is_causal, scale=scale, **kwargs)
+
+
+@cuda_substitute(F.dropout)
+def _fused_dropout(input, p=0.5, training=True, inplace=False):
+    """CUDA's ``at::dropout`` runs the fused ``native_dropout`` when training with 0 < p < 1
+    on a non-empty tensor (``native/Dropout.cpp``, ``is_fused_kernel_acceptable``); its
+    backward keeps only the 1-byte bool mask (``derivatives.yaml``: native_dropout_backward
+    of ``result1``). CPU decomposes into ``input * noise`` keeping the noise in the input's
+    dtype. In-place dropout is ``_dropout<true>`` on both devices and left alone."""
+    if inplace or not training or not 0.0 < p < 1.0 or input.numel() == 0:
+        return _ORIGINAL_DROPOUT(input, p, training, inplace)
+    return torch.native_dropout(input, p, True)[0]
 
 
 def _in_float32_under_autocast(function: Callable) -> Callable:
@@ -103,3 +132,7 @@ class CudaKernelMode(TorchFunctionMode):
 
 def substituted_functions() -> list[str]:
     return sorted(function.__name__ for function in _SUBSTITUTES)
+
+
+# CUDA autocast's float32 and promote lists register themselves on import.
+from memcalc.trace import cuda_autocast  # noqa: E402,F401
