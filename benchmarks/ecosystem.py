@@ -33,7 +33,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.ecosystem_cases import cases
+from benchmarks.ecosystem_cases import LIBRARIES, cases
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "out" / "ecosystem.json"
@@ -83,14 +83,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--library", help="only this library (as in the table)")
     parser.add_argument("--only", help="only cases whose name contains this")
-    parser.add_argument("--resume", action="store_true", help="skip cases already measured")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip cases already measured with the same arguments")
     options = parser.parse_args()
-    results = json.loads(OUT.read_text()) if options.resume and OUT.exists() else {}
+    # earlier results are kept (and the table covers them); --resume skips them
+    results = json.loads(OUT.read_text()) if OUT.exists() else {}
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    for library, name, args in cases():
+    every = cases()
+    # cases no longer listed are forgotten; --resume measures again those whose arguments changed
+    current = {f"{library}/{name}": args for library, name, args in every}
+    results = {key: result for key, result in results.items()
+               if current.get(key) == result["args"]}
+    for library, name, args in every:
         key = f"{library}/{name}"
         if (options.library and library != options.library) or \
-                (options.only and options.only not in name) or key in results:
+                (options.only and options.only not in name) or (options.resume and key in results):
             continue
         results[key] = {"library": library, "name": name, "args": args, **run_case(args)}
         print(f"{key:50s} {results[key]['category']:12s} {results[key]['seconds']:6.1f} s  "
@@ -106,7 +113,8 @@ def markdown(results: dict) -> str:
         by_library[result["library"]].append(result)
     rows = ["| library | cases | traced | static | clean error | traceback | median s |",
             "|---|---:|---:|---:|---:|---:|---:|"]
-    for library, group in [*sorted(by_library.items()), ("all", list(results.values()))]:
+    ordered = sorted(by_library.items(), key=lambda item: LIBRARIES.index(item[0]))
+    for library, group in [*ordered, ("all", list(results.values()))]:
         counts = [sum(r["category"] == c for r in group) for c in CATEGORIES]
         share = f" ({100 * counts[0] / len(group):.0f} %)" if group else ""
         rows.append(f"| {library} | {len(group)} | {counts[0]}{share} | {counts[1]} | "
@@ -119,10 +127,11 @@ def markdown(results: dict) -> str:
                 f"{result['library']}/{result['name']}")
     listed = [f"- **{category}** ({len(names)}): {cause} — {', '.join(sorted(names))}"
               for (category, cause), names in sorted(causes.items())]
-    bounded = sorted(f"{r['library']}/{r['name']}" for r in results.values() if r.get("bounded_ops"))
+    bounded = sorted(f"{r['library']}/{r['name']}" for r in results.values()
+                     if r.get("bounded_ops"))
     return "\n".join([
         "# Ecosystem: models users bring, through `memcalc estimate --batch-size 2 --json`",
-        "", f"{datetime.date.today()}; {platform.machine()}, {os.cpu_count()} CPUs; "
+        "", f"{datetime.date.today()}; {platform.machine()}, {os.cpu_count()} cores; "
         + ", ".join(f"{package} {_version(package)}" for package in
                     ("torch", "torchvision", "timm", "monai", "transformers")), "",
         *rows, "", "Not traced, by cause:", "", *(listed or ["- none"]), "",

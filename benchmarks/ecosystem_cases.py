@@ -7,6 +7,7 @@ need a config live here, referenced as ``benchmarks.ecosystem_cases:NAME``.
 
 from __future__ import annotations
 
+LIBRARIES = ("transformers", "MONAI 3D", "torchvision detection", "torchvision", "timm")
 NO_WEIGHTS = ["--model-arg", "weights=none"]
 DETECTION_WEIGHTS = NO_WEIGHTS + ["--model-arg", "weights_backbone=none"]
 IMAGE = ["--shape", "3,224,224"]
@@ -48,7 +49,7 @@ TIMM = [
     "vit_small_patch16_224.dino", "deit_tiny_patch16_224", "deit_small_distilled_patch16_224",
     "deit3_small_patch16_224", "beit_base_patch16_224", "eva02_tiny_patch14_224",
     "swin_tiny_patch4_window7_224", "swinv2_tiny_window8_256", "cait_xxs24_224",
-    "coat_lite_mini", "crossvit_tiny_240", "pit_ti_224", "twins_svt_small", "xcit_tiny12_p16_224",
+    "coat_lite_mini", "crossvit_tiny_240", "pit_ti_224", "twins_svt_small", "xcit_tiny_12_p16_224",
     "maxvit_tiny_tf_224", "maxxvit_rmlp_nano_rw_256", "coatnet_0_rw_224", "coatnext_nano_rw_224",
     "poolformer_s12", "convmixer_768_32", "mixer_b16_224", "resmlp_12_224", "gmlp_ti16_224",
     "edgenext_small", "efficientvit_b0", "mobilevit_s", "mobilevitv2_050", "fastvit_t8",
@@ -119,7 +120,9 @@ HF = {
 def cases() -> list[tuple[str, str, list[str]]]:
     """Every case: (library, name, ``memcalc estimate`` arguments without the batch size)."""
     tv = "torchvision.models"
-    found = [("torchvision", name, ["--model", f"{tv}:{name}", *NO_WEIGHTS, *IMAGE])
+    # torchvision's Inception v3 trains with its auxiliary head, which needs 299 x 299 inputs
+    found = [("torchvision", name, ["--model", f"{tv}:{name}", *NO_WEIGHTS, "--shape",
+                                    "3,299,299" if name == "inception_v3" else IMAGE[1]])
              for name in TV_CLASSIFIERS]
     found += [("torchvision", name, ["--model", f"{tv}.video:{name}", *NO_WEIGHTS, "--shape",
                                      "3,16,224,224" if name.startswith(("mvit", "s3d", "swin"))
@@ -137,4 +140,4 @@ def cases() -> list[tuple[str, str, list[str]]]:
               for name, args in MONAI.items()]
     found += [("transformers", name, ["--model", f"benchmarks.ecosystem_models:hf_{name}", *args])
               for name, args in HF.items()]
-    return found
+    return sorted(found, key=lambda case: LIBRARIES.index(case[0]))
