@@ -34,7 +34,7 @@ from memcalc.specs import DeviceKind, OptimizerImpl, TrainingSpec
 from memcalc.trace.checkpointing import repeated_blocks
 from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
-from memcalc.trace.optimizers import optimizer_rule
+from memcalc.trace.optimizers import OptimizerRule, configured_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.trace.tracer import StepSetup, trace_training_step
 
@@ -187,7 +187,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
     setup = StepSetup(source.copier(model), (1, *layout.traced_sample_shape),
                       positional.dtype if positional else torch.float32, spec.loss,
                       classes_last=token_inputs(inputs),
-                      optimizer=optimizer_rule(spec.optimizer), foreach=_foreach(spec),
+                      optimizer=_optimizer(spec), foreach=_foreach(spec),
                       policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
                       keep_zeroed_grads=not spec.zero_grad_to_none,
                       checkpoint_blocks=tuple(repeated_blocks(model))
@@ -241,10 +241,16 @@ def _spatial_split(spec: TrainingSpec, model: torch.nn.Module,
 
 
 def _foreach(spec: TrainingSpec) -> bool:
-    """torch.optim's default is foreach on CUDA, for-loop on CPU; fused is traced as for-loop."""
+    """torch.optim's default is foreach on CUDA, for-loop on CPU; fused builds neither."""
     if spec.optimizer_impl is OptimizerImpl.DEFAULT:
         return spec.device is DeviceKind.CUDA
     return spec.optimizer_impl is OptimizerImpl.FOREACH
+
+
+def _optimizer(spec: TrainingSpec) -> OptimizerRule:
+    """The spec's optimizer with its weight decay, amsgrad and fused options."""
+    return configured_rule(spec.optimizer, weight_decay=spec.weight_decay, amsgrad=spec.amsgrad,
+                           fused=spec.optimizer_impl is OptimizerImpl.FUSED)
 
 
 def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelSummary:

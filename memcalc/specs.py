@@ -138,6 +138,10 @@ class TrainingSpec(BaseModel):
     loss: LossKind = LossKind.CROSS_ENTROPY
     optimizer: str = "adam"
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """torch.optim's weight_decay (for-loop and foreach add a gradient-sized temporary)."""
+    amsgrad: bool = False
+    """Adam/AdamW keep ``max_exp_avg_sq``, a third parameter-sized state tensor."""
     activation_checkpointing: bool = False
     """Checkpoint the model's repeated blocks (``memcalc.trace.checkpointing``) in the traced step."""
     offload_activations: bool = False

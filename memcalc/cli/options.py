@@ -149,6 +149,9 @@ MODEL_OPTIONS = [
     click.option("--optimizer", type=click.Choice(optimizer_names()), default="adam", show_default=True),
     click.option("--optimizer-impl", type=enum_choice(OptimizerImpl), default="default", show_default=True,
                  help="torch.optim implementation; default = foreach on CUDA, for-loop on CPU."),
+    click.option("--weight-decay", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                 help="torch.optim weight_decay."),
+    click.option("--amsgrad", is_flag=True, help="Adam/AdamW amsgrad (one more state tensor)."),
     click.option("--zero-grad", type=click.Choice(["none", "zeros"]), default="none", show_default=True,
                  help="zero_grad(set_to_none=True) frees gradients; 'zeros' keeps them (torch < 2.0)."),
     click.option("--precision", type=enum_choice(Precision), default="fp32", show_default=True),
@@ -184,7 +187,7 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
     """The model options (popped from ``options``) as a spec."""
     names = ("model_name", "model_args", "shape", "layout", "input_dtype", "inputs",
              "forward_args", "boxes_per_image", "batch_size", "loss",
-             "optimizer", "optimizer_impl", "zero_grad", "precision", "checkpointing",
+             "optimizer", "optimizer_impl", "weight_decay", "amsgrad", "zero_grad", "precision", "checkpointing",
              "offload_activations", "spatial_parts", "device", "gpu", "gpu_memory", "headroom",
              "cuda_module_loading", "cudnn_benchmark", "cudnn_tf32", "allocator_conf",
              "env_profile")
@@ -195,7 +198,8 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
         inputs=dict(value["inputs"]), forward_args=dict(value["forward_args"]),
         boxes_per_image=value["boxes_per_image"],
         batch_size=value["batch_size"], loss=value["loss"], optimizer=value["optimizer"],
-        optimizer_impl=value["optimizer_impl"], zero_grad_to_none=value["zero_grad"] == "none",
+        optimizer_impl=value["optimizer_impl"], weight_decay=value["weight_decay"],
+        amsgrad=value["amsgrad"], zero_grad_to_none=value["zero_grad"] == "none",
         precision=value["precision"], activation_checkpointing=value["checkpointing"],
         offload_activations=value["offload_activations"], spatial_parts=value["spatial_parts"],
         feed=FeedSpec(step_time_s=options.pop("step_time"), sample_time_s=options.pop("sample_time"),

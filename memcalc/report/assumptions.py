@@ -9,7 +9,7 @@ from memcalc.device.cuda_overheads import EAGER_CONTEXT, cublas_workspace_bytes
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import BoundedSize
-from memcalc.trace.optimizers import optimizer_rule
+from memcalc.trace.optimizers import configured_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.specs import DeviceKind, LossKind, ModuleLoading, OptimizerImpl, TrainingSpec
 from memcalc.units import format_bytes
@@ -28,13 +28,14 @@ _LOSS_TEXT = {
 
 def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
                 model_has_conv: bool, foreach: bool, traced: bool) -> list[str]:
-    rule = optimizer_rule(spec.optimizer)
+    rule = configured_rule(spec.optimizer, weight_decay=spec.weight_decay, amsgrad=spec.amsgrad,
+                           fused=spec.optimizer_impl is OptimizerImpl.FUSED)
     implementation = ("foreach implementation (CUDA's default; parameter-sized temporaries "
                       "during step())" if foreach else "for-loop implementation (CPU's default; "
                       "one parameter-sized temporary at a time)")
     if spec.optimizer_impl is OptimizerImpl.FUSED:
-        implementation += "; fused was asked for and is traced as for-loop (neither holds a "
-        implementation += "whole-model temporary)"
+        implementation = ("fused implementation (parameters and state updated in place, no "
+                          "parameter-sized temporaries)")
     lines = [
         precision_policy(spec.precision).assumption,
         f"optimizer {rule.name}: {rule.description}; {rule.state_copies} parameter-sized state "
