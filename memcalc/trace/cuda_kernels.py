@@ -19,10 +19,18 @@ SDPA with dropout      ``transformers/sdp_utils.cpp``: flash/efficient keep   su
 autocast fp32 lists    ``autocast_mode.cpp`` CUDA ``fp32``,                    substituted
                        ``fp32_set_opt_dtype``, ``promote``                     (cuda_autocast)
 CPU-only fp32 ops      ``autocast_mode.cpp`` AutocastCPU fp32 pools, pads      substituted
+fused Adam/AdamW/SGD   ``native/cuda/fused_adam_impl.cu``: in place, no        modelled in
+                       parameter-sized temporaries                             optimizers.py
+SDPA backend choice    ``sdp_utils.cpp``: flash needs sm80+ and head dim      not yet: flash
+                       <= 256, efficient sm50+; cuDNN attention sm90          and efficient
+                                                                              save the same
+cuDNN batch norm       ``cudnn/BatchNorm.cpp``: fp32 save_mean/invstd (as     not yet: reserve
+                       CPU) plus a reserve space                              space only
+cuDNN RNN/LSTM/GRU     ``cudnn/RNN.cpp``: reserve space + workspace           not yet
 =====================  =====================================================  ==============
 
-Not yet modelled: SDPA backend choice by compute capability, cuDNN batch-norm reserve
-space, cuDNN RNN reserve space, fused optimizer kernels.
+The "not yet" rows are not listed in a report's ``unsupported`` lines yet: that needs the
+trace's op names in the device report.
 """
 
 from __future__ import annotations
