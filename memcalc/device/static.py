@@ -10,7 +10,7 @@ from torch import nn
 
 from memcalc.device.report import LayerRow, StaticEstimate
 from memcalc.dtypes import element_size
-from memcalc.model.inputs import ModelInputs, make_call
+from memcalc.model.inputs import ModelInputs, make_call, tensors_in
 from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
 
@@ -83,7 +83,7 @@ def leaf_output_elements(model: nn.Module, args: list, kwargs: dict) -> int | No
     total = [0]
 
     def count(_module, _args, output) -> None:
-        for tensor in _tensors(output):
+        for tensor in tensors_in(output):
             total[0] += tensor.numel()
 
     handles = [module.register_forward_hook(count) for module in model.modules()
@@ -97,14 +97,3 @@ def leaf_output_elements(model: nn.Module, args: list, kwargs: dict) -> int | No
         for handle in handles:
             handle.remove()
     return total[0]
-
-
-def _tensors(value) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        return [tensor for item in value for tensor in _tensors(item)]
-    return [tensor for tensor in vars(value).values() if isinstance(tensor, torch.Tensor)] \
-        if hasattr(value, "__dict__") else []

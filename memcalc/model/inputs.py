@@ -63,19 +63,21 @@ class ModelCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
 
     def tensors(self) -> list[torch.Tensor]:
-        found: list[torch.Tensor] = []
-        _collect(list(self.args) + list(self.kwargs.values()), found)
-        return found
+        return tensors_in([*self.args, *self.kwargs.values()])
 
 
-def _collect(value: Any, found: list[torch.Tensor]) -> None:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value``: a tensor, dicts, lists and tuples of them, or an object's
+    tensor attributes (Hugging Face ``ModelOutput``, torchvision's ``ImageList``)."""
     if isinstance(value, torch.Tensor):
-        found.append(value)
-    elif isinstance(value, dict):
-        _collect(list(value.values()), found)
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _collect(item, found)
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [tensor for item in value for tensor in tensors_in(item)]
+    if hasattr(value, "__dict__"):
+        return [tensor for tensor in vars(value).values() if isinstance(tensor, torch.Tensor)]
+    return []
 
 
 @dataclass(frozen=True)
