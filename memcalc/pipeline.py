@@ -190,6 +190,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       optimizer=_optimizer(spec), foreach=_foreach(spec),
                       policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
                       keep_zeroed_grads=not spec.zero_grad_to_none,
+                      softmax_saves_input=spec.softmax_saves_input,
                       checkpoint_blocks=tuple(repeated_blocks(model))
                       if spec.activation_checkpointing else (),
                       offload_activations=spec.offload_activations, halo_axis=halo_axis,

@@ -151,6 +151,9 @@ class TrainingSpec(BaseModel):
     GPUs (``memcalc.trace.halos``); the estimate is one GPU's, running its slab."""
     zero_grad_to_none: bool = True
     """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
+    softmax_saves_input: bool = False
+    """softmax/log_softmax keep their input for backward as well as their output (torch < 1.11;
+    ``memcalc.trace.legacy_autograd``)."""
     precision: Precision = Precision.FP32
     device: DeviceKind = DeviceKind.CUDA
     gpu: str | None = None

@@ -46,6 +46,46 @@ def test_cuda_autocast_runs_normalisations_in_float32(call):
 WIDTH, ROWS, LAYERS = 16, 4096, 8  # masks of 256 KiB and 64 KiB; activations dominate
 
 
+def dropout_after_linear():
+    """LAYERS x (Linear(16 -> 16), Dropout(0.5)): each dropout keeps a ROWS x WIDTH mask."""
+    layers = [(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Dropout(0.5)) for _ in range(LAYERS)]
+    return torch.nn.Sequential(*[module for pair in layers for module in pair])
+
+
+def test_dropout_keeps_a_one_byte_mask_on_cuda():
+    spec = TrainingSpec(model="tests.test_cuda_kernels:dropout_after_linear",
+                        sample_shape=(WIDTH,), loss="sum", optimizer="sgd", batch_size=ROWS)
+    on_cpu = estimate(spec.with_changes(device="cpu")).device
+    on_cuda = estimate(spec).device
+    # CPU (Dropout.cpp ``_dropout``): input * noise keeps the noise in float32, 4 bytes each;
+    # CUDA (``native_dropout``): one bool per element. The peak comes in backward, once the
+    # last dropout's backward has freed its mask: LAYERS - 1 masks are alive there.
+    elements = (LAYERS - 1) * ROWS * WIDTH
+    assert on_cpu.breakdown.activations - on_cuda.breakdown.activations == elements * (4 - 1)
+
+
+@pytest.mark.parametrize("call", [lambda x: F.dropout(x, 0.1), lambda x: torch.dropout(x, 0.1, True),
+                                  lambda x: torch.nn.Dropout(0.1)(x)],
+                         ids=["F.dropout", "torch.dropout", "nn.Dropout"])
+def test_fused_dropout_saves_a_bool_mask_of_the_input_shape(call):
+    x = torch.randn(3, 5, requires_grad=True)
+    with CudaKernelMode():
+        y = call(x)
+    assert y.grad_fn.name() == "NativeDropoutBackward0"
+    assert y.grad_fn._saved_result1.dtype == torch.bool
+    assert y.grad_fn._saved_result1.shape == x.shape
+
+
+@pytest.mark.parametrize("call", [lambda x: F.dropout(x, 0.1, training=False),
+                                  lambda x: F.dropout(x, 0.0), lambda x: F.dropout(x.clone(), 0.1, inplace=True)],
+                         ids=["eval", "p=0", "inplace"])
+def test_dropout_outside_the_fused_kernels_conditions_is_left_alone(call):
+    x = torch.randn(3, 5, requires_grad=True)
+    with CudaKernelMode():
+        y = call(x)
+    assert y.grad_fn is None or y.grad_fn.name() != "NativeDropoutBackward0"
+
+
 @pytest.mark.parametrize("call", [
     lambda y: torch.exp(y), lambda y: y.log(), lambda y: torch.pow(y, 3.0), lambda y: y ** 2,
     lambda y: y.rsqrt(), lambda y: F.softplus(y), lambda y: y.sum(), lambda y: y.cumsum(0),

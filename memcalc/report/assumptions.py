@@ -54,6 +54,9 @@ def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
             "activations = tensors made in forward and loss that are still alive when backward "
             "starts; temporaries = everything else the step makes",
         ]
+    if spec.softmax_saves_input:
+        lines.append("softmax and log_softmax keep their input as well as their output for "
+                     "backward, as torch < 1.11 did (pytorch #49600; fixed by #66018)")
     if spec.device is DeviceKind.CUDA:
         lines += _cuda_assumptions(spec, gpu, profile, model_has_conv)
     if spec.device is DeviceKind.CUDA and traced:

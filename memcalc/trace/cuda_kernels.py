@@ -9,17 +9,9 @@ Audit (PyTorch sources, ``aten/src/ATen``):
 =====================  =====================================================  ==============
 op                     CUDA kernel vs the CPU one                              decision
 =====================  =====================================================  ==============
-dropout (not inplace)  ``native/Dropout.cpp``: ``is_fused_kernel_acceptable``  NOT yet: the
-                       sends CUDA to ``native_dropout`` (bool mask saved);     1-byte mask
-                       CPU decomposes to ``input * noise`` (noise in dtype)    moves the
-                                                                              published
-                                                                              BERT-large
-                                                                              V100 cases
-                                                                              from -1 % to
-                                                                              -11 %/-15 %:
-                                                                              something it
-                                                                              offset is
-                                                                              still missing
+dropout (not inplace)  ``native/Dropout.cpp``: ``is_fused_kernel_acceptable``  substituted
+                       sends CUDA to ``native_dropout`` (bool mask saved);
+                       CPU decomposes to ``input * noise`` (noise in dtype)
 dropout_ / feature /   ``Dropout.cpp``: ``_dropout<inplace>`` on both          same as CPU
 alpha dropout          devices
 SDPA with dropout      ``transformers/sdp_utils.cpp``: flash/efficient keep   substituted
@@ -51,6 +43,7 @@ from torch.overrides import TorchFunctionMode
 
 _SUBSTITUTES: dict[Callable, Callable] = {}
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
+_ORIGINAL_DROPOUT = F.dropout
 
 
 def cuda_substitute(torch_function: Callable):
@@ -75,6 +68,23 @@ def _sdpa_without_stored_dropout(query, key, value, attn_mask=None, dropout_p=0.
     Dropping ``dropout_p`` keeps the CPU on its flash kernel, whose saved tensors match."""
     return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
                           is_causal=is_causal, scale=scale, **kwargs)
+
+
+@cuda_substitute(F.dropout)
+def _fused_dropout(input, p=0.5, training=True, inplace=False):
+    """CUDA's ``at::dropout`` runs the fused ``native_dropout`` when training with 0 < p < 1
+    on a non-empty tensor (``native/Dropout.cpp``, ``is_fused_kernel_acceptable``); its
+    backward keeps only the 1-byte bool mask (``derivatives.yaml``: native_dropout_backward
+    of ``result1``). CPU decomposes into ``input * noise`` keeping the noise in the input's
+    dtype. In-place dropout is ``_dropout<true>`` on both devices and left alone."""
+    if inplace or not training or not 0.0 < p < 1.0 or input.numel() == 0:
+        return _ORIGINAL_DROPOUT(input, p, training, inplace)
+    return torch.native_dropout(input, p, True)[0]
+
+
+@cuda_substitute(torch.dropout)
+def _fused_torch_dropout(input, p, train):
+    return _fused_dropout(input, p, train)
 
 
 def _in_float32_under_autocast(function: Callable) -> Callable:

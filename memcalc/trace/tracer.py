@@ -31,6 +31,7 @@ from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing
 from memcalc.trace.cuda_kernels import CudaKernelMode
+from memcalc.trace.legacy_autograd import LegacyAutogradMode
 from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError
 from memcalc.model.inputs import InputTensor, ModelInputs, make_call
@@ -67,6 +68,8 @@ class StepSetup:
     policy: PrecisionPolicy
     cuda_kernels: bool = False
     """Apply ``memcalc.trace.cuda_kernels`` substitutions (the target is a CUDA GPU)."""
+    softmax_saves_input: bool = False
+    """torch < 1.11's softmax formula (``memcalc.trace.legacy_autograd``)."""
     keep_zeroed_grads: bool = False
     """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
     checkpoint_blocks: tuple[str, ...] = ()
@@ -191,10 +194,11 @@ def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
     _label(watcher, batch.tensors(), MemoryCategory.INPUT)
     handles = _track_modules(model, cursor)
     kernels = CudaKernelMode() if setup.cuda_kernels else contextlib.nullcontext()
+    legacy = LegacyAutogradMode(setup.softmax_saves_input)
     offload = OffloadCounter()
     bounded = BoundedOps()     # below the watcher, which then records what its rules make
     try:
-        with bounded, watcher, kernels:
+        with bounded, watcher, legacy, kernels:
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
             observer = _LedgerObserver(watcher, cursor, ledger, model, optimizer)
             iteration = TrainingIteration(setup.body, model, batch, optimizer, observer)
