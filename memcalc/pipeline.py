@@ -25,6 +25,7 @@ from memcalc.model.step_inputs import resolve_step_inputs, token_inputs
 from memcalc.model.source import display_name, resolve_model
 from memcalc.report.assumptions import (
     assumptions,
+    attention_assumptions,
     bounded_size_assumptions,
     step_assumptions,
     step_unsupported,
@@ -152,12 +153,14 @@ def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, h
                            traced_sample_shape=layout.traced_sample_shape,
                            halo_exchange_bytes=device.halo_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes)
-        + bounded_size_assumptions(device.bounded_sizes),
+        + bounded_size_assumptions(device.bounded_sizes)
+        + attention_assumptions(device.attention_backends, prepared.target.gpu),
         unsupported=step_unsupported(spec, checkpoint_blocks=blocks,
                                      table_error=prepared.table_error,
                                      trace_error=prepared.trace_error_at(device.batch_size),
                                      leaf_outputs_counted=prepared.leaf_output_elements
-                                     is not None),
+                                     is not None,
+                                     unmodelled_kernels=device.unmodelled_kernels),
         host=host, throughput=throughput,
     )
 
@@ -189,6 +192,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       classes_last=token_inputs(inputs),
                       optimizer=_optimizer(spec), foreach=_foreach(spec),
                       policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
+                      cuda_capability=gpu.compute_capability_tuple if gpu else None,
                       keep_zeroed_grads=not spec.zero_grad_to_none,
                       softmax_saves_input=spec.softmax_saves_input,
                       checkpoint_blocks=tuple(repeated_blocks(model))

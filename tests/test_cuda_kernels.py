@@ -29,20 +29,6 @@ def test_double_registration_is_an_error():
         cuda_substitute(F.scaled_dot_product_attention)(lambda *a, **k: None)
 
 
-@pytest.mark.parametrize("call", [
-    lambda y: torch.softmax(y, -1), lambda y: y.log_softmax(-1),
-    lambda y: F.layer_norm(y, (8,)), lambda y: torch.nn.GroupNorm(2, 4)(y.view(2, 4, 2)),
-], ids=["softmax", "log_softmax", "layer_norm", "group_norm"])
-def test_cuda_autocast_runs_normalisations_in_float32(call):
-    x, weight = torch.randn(2, 8), torch.randn(8, 8)
-    with torch.autocast("cpu", dtype=torch.float16):
-        assert call(x @ weight).dtype == torch.float16          # CPU autocast policy
-        with CudaKernelMode():
-            assert call(x @ weight).dtype == torch.float32      # CUDA autocast policy
-    with CudaKernelMode():
-        assert call(x.half() @ weight.half()).dtype == torch.float16   # no autocast: untouched
-
-
 WIDTH, ROWS, LAYERS = 16, 4096, 8  # masks of 256 KiB and 64 KiB; activations dominate
 
 
@@ -86,29 +72,32 @@ def test_dropout_outside_the_fused_kernels_conditions_is_left_alone(call):
     assert y.grad_fn is None or y.grad_fn.name() != "NativeDropoutBackward0"
 
 
-@pytest.mark.parametrize("call", [
-    lambda y: torch.exp(y), lambda y: y.log(), lambda y: torch.pow(y, 3.0), lambda y: y ** 2,
-    lambda y: y.rsqrt(), lambda y: F.softplus(y), lambda y: y.sum(), lambda y: y.cumsum(0),
-    lambda y: torch.logsumexp(y, -1), lambda y: y.norm(), lambda y: torch.cdist(y, y),
-    lambda y: F.mse_loss(y, y.detach()), lambda y: F.cross_entropy(y, torch.zeros(2).long()),
-    lambda y: F.binary_cross_entropy_with_logits(y, torch.ones_like(y)),
-], ids=["exp", "log", "pow", "__pow__", "rsqrt", "softplus", "sum", "cumsum", "logsumexp",
-        "norm", "cdist", "mse_loss", "cross_entropy", "bce_with_logits"])
-def test_cuda_autocast_fp32_list_runs_in_float32(call):
-    x, weight = torch.randn(2, 8), torch.randn(8, 8)
-    with torch.autocast("cpu", dtype=torch.float16), CudaKernelMode():
-        assert call(x @ weight).dtype == torch.float32      # autocast_mode.cpp, CUDA fp32
+def batch_norm_net():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
 
 
-def test_set_opt_dtype_ops_keep_an_explicit_dtype():
-    x, weight = torch.randn(2, 8), torch.randn(8, 8)
-    with torch.autocast("cpu", dtype=torch.float16), CudaKernelMode():
-        assert (x @ weight).sum(dtype=torch.float16).dtype == torch.float16
+def lstm_net():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lstm = torch.nn.LSTM(8, 8, batch_first=True)
+
+        def forward(self, x):
+            return self.lstm(x)[0]
+
+    return Net()
 
 
-def test_promote_ops_run_in_the_widest_floating_dtype():
-    x, weight = torch.randn(2, 8), torch.randn(8, 8)
-    with torch.autocast("cpu", dtype=torch.float16), CudaKernelMode():
-        low = x @ weight
-        assert torch.addcmul(low, low, x).dtype == torch.float32
-        assert torch.atan2(low, low).dtype == torch.float16
+@pytest.mark.parametrize("model, line", [("batch_norm_net", "cuDNN batch norm"),
+                                         ("lstm_net", "cuDNN RNN")])
+def test_kernels_whose_cuda_memory_is_not_modelled_are_listed(model, line):
+    spec = TrainingSpec(model=f"tests.test_cuda_kernels:{model}", sample_shape=(3, 8),
+                        loss="sum", optimizer="sgd", batch_size=4)
+    if model == "batch_norm_net":
+        spec = spec.with_changes(sample_shape=(8,))
+    report = estimate(spec)
+    assert report.device.method == "traced"
+    assert any(entry.startswith(line) for entry in report.unsupported)
+    assert report.device.unmodelled_kernels
+    on_cpu = estimate(spec.with_changes(device="cpu"))
+    assert not any(entry.startswith(line) for entry in on_cpu.unsupported)

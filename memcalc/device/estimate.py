@@ -97,6 +97,8 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         bounded_sizes=[BoundedSize(op=use.op, bound=use.bound, count=use.count)
                        for use in trace.bounded_sizes],
         headroom_bytes=target.headroom_bytes,
+        attention_backends=trace.attention_backends,
+        unmodelled_kernels=list(trace.unmodelled_kernels),
         **cuda_fields,
     )
 

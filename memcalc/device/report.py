@@ -193,6 +193,11 @@ class DeviceReport(BaseModel):
     """The batch search that chose ``batch_size`` (None without a capacity)."""
     bounded_sizes: list[BoundedSize] = []
     """Data-dependent ops traced at a bound (empty when none ran, and for a static estimate)."""
+    attention_backends: dict[str, int] = {}
+    """CUDA scaled-dot-product attention backend (cudnn, flash, efficient, math) -> calls in
+    the traced step, chosen as CUDA chooses for the card (empty when none ran)."""
+    unmodelled_kernels: list[str] = []
+    """CUDA kernels the step uses whose own memory is not modelled (``cuda_kernels.UNMODELLED``)."""
 
     @computed_field
     @property

@@ -9,6 +9,7 @@ from memcalc.device.cuda_overheads import EAGER_CONTEXT, cublas_workspace_bytes
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import BoundedSize
+from memcalc.trace.cuda_kernels import ASSUMED_CAPABILITY
 from memcalc.trace.optimizers import configured_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.specs import DeviceKind, LossKind, ModuleLoading, OptimizerImpl, TrainingSpec
@@ -88,8 +89,6 @@ def _cuda_assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfi
         f"cuBLAS workspace: {profile.cublas_handles} x {format_bytes(workspace)} (forward and "
         "autograd threads each hold a handle; CublasHandlePool.cpp) when the step multiplies "
         "matrices, allocated through the caching allocator",
-        "scaled-dot-product attention: CUDA's flash/memory-efficient kernels (no stored S x S "
-        "matrix or dropout mask, also with dropout)",
         f"headroom: {spec.headroom_fraction:.0%} of capacity kept free",
     ]
     if model_has_conv:
@@ -127,8 +126,9 @@ def unsupported(spec: TrainingSpec) -> list[str]:
     return [
         "blocks held for other streams, garbage_collection_threshold, CUDA graphs: not "
         "modelled by the allocator replay",
-        "CUDA autocast's float32 list beyond softmax, log_softmax, layer_norm and group_norm "
-        "(exp, pow, losses...): those ops keep the CPU autocast dtype",
+        "CUDA autocast is applied at the Python functions that reach its lists "
+        "(memcalc.trace.cuda_autocast); a model calling torch.ops.aten directly keeps CPU "
+        "autocast's dtype there",
         "NCCL buffers and DDP gradient buckets: one GPU is assumed",
     ]
 
@@ -167,11 +167,26 @@ def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:
             f"positive ones, about 2x their real step): {uses}"]
 
 
+def attention_assumptions(attention_backends: dict[str, int], gpu: GpuSpec | None) -> list[str]:
+    """Which CUDA attention kernel the traced step's SDPA calls ran, and what each keeps."""
+    if not attention_backends:
+        return []
+    card = (f"{gpu.name} (sm {gpu.compute_capability})" if gpu else
+            f"an unnamed GPU, sm {'.'.join(map(str, ASSUMED_CAPABILITY))} assumed")
+    calls = ", ".join(f"{name} {count}x" for name, count in sorted(attention_backends.items()))
+    return [f"scaled-dot-product attention on {card}: {calls}, chosen by the dtype, head size, "
+            "mask, dropout and card as PyTorch's sdp_utils.cpp chooses (cuDNN first on sm90/"
+            "sm100); cudnn/flash/efficient keep the output and a float32 log-sum-exp per row "
+            "(no S x S matrix; dropout regenerated from its seed), math keeps the S x S "
+            "probabilities (float32 for half inputs) and a 1-byte dropout mask"]
+
+
 def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
                      table_error: str | None, trace_error: str | None,
-                     leaf_outputs_counted: bool = True) -> list[str]:
+                     leaf_outputs_counted: bool = True,
+                     unmodelled_kernels: Sequence[str] = ()) -> list[str]:
     """What this estimate could not do, before the gaps every CUDA estimate has."""
-    lines = []
+    lines = list(unmodelled_kernels)
     if trace_error:
         lines.append(f"{TRACE_FAILED_PREFIX}{trace_error}; the device figure is a STATIC "
                      "estimate (model states, input, layer outputs once), not a trace")

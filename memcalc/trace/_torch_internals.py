@@ -156,6 +156,12 @@ def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
     return [tensor for tensor in written if isinstance(tensor, torch.Tensor)]
 
 
+def is_fake_tensor(tensor: torch.Tensor) -> bool:
+    """A fake tensor of a trace (its kernels are meta functions, which accept what CPU
+    kernels may refuse, such as softmax's half_to_float)."""
+    return isinstance(tensor, FakeTensor)
+
+
 def fake_cpu_mode() -> FakeTensorMode:
     """A fake-tensor mode that accepts the meta-device model as input to ``to_empty``."""
     return FakeTensorMode(allow_non_fake_inputs=True)

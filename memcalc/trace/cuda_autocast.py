@@ -1,14 +1,24 @@
-"""CUDA autocast's float32 and promote lists, as CUDA-target substitutions.
+"""CUDA autocast's cast policies, as CUDA-target substitutions of the Python calls that reach them.
 
-The trace runs CPU autocast, whose lists differ from CUDA's. These rewrites reproduce CUDA's
-policy (``aten/src/ATen/autocast_mode.cpp``, the CUDA ``KERNEL_CUDA`` registrations of
-``AT_FORALL_FP32``, ``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``
-and ``AT_FORALL_PROMOTE``) at the Python entry points that reach those ATen ops: a float16 or
-bfloat16 argument is cast to float32 (``fp32``), unless the call names a ``dtype``
-(``fp32_set_opt_dtype``), or every floating argument is cast to the widest floating dtype among
-them (``promote``). The normalisations and softmaxes live in ``cuda_kernels``. In-place
-variants are not on CUDA's lists and are left alone. Upsampling and grid sampling (fp32 on CPU
-autocast) are not on the CUDA fp32 list this follows and keep the CPU policy.
+The trace runs on CPU, under CPU autocast, whose lists differ from CUDA's. Each rewrite here
+runs its call as CUDA autocast would (``aten/src/ATen/autocast_mode.cpp``, the ``AutocastCUDA``
+registrations) and with CPU autocast off inside, as CUDA's wrappers exclude autocast below
+themselves:
+
+- ``lower``: floating arguments cast to the autocast dtype (CUDA-only: ``addmv``, ``addr``,
+  ``mv``, the RNN cells);
+- ``fp32``: float16/bfloat16 arguments cast to float32 (a copy, which the op may save);
+- ``fp32_set_opt_dtype``: the op is asked for a float32 result unless the call names a
+  ``dtype``; a float16 softmax / log-softmax runs the ``half_to_float`` kernel, reading the
+  input without a float32 copy (``SoftMax.cpp``: only for Half on CUDA);
+- ``promote``: floating arguments cast to the widest floating dtype among them;
+- ``input dtype``: ops only CPU autocast runs in float32 (3D pools, pads, ``trace``, FFTs...)
+  run in their input's dtype, as on CUDA;
+- ``refuse``: ``binary_cross_entropy`` raises under CUDA autocast, as CUDA does.
+
+``tests/test_cuda_autocast.py`` holds every rewrite to the installed torch's own
+``AutocastCUDA`` kernels, run on fake CUDA tensors (no GPU needed), and checks that every op
+registered for one autocast and not the other is in ``AUDIT`` below.
 """
 
 from __future__ import annotations
@@ -17,60 +27,87 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
+from memcalc.trace._torch_internals import is_fake_tensor
 from memcalc.trace.cuda_kernels import cuda_substitute
 
 _LOW = (torch.float16, torch.bfloat16)
 
 
-def _cast_low(value, dtype: torch.dtype):
-    """``value`` cast to ``dtype`` when it is a float16/bfloat16 tensor, else unchanged."""
-    if isinstance(value, torch.Tensor) and value.dtype in _LOW:
+def _cast(value, dtype: torch.dtype, kinds: tuple[torch.dtype, ...]):
+    if isinstance(value, torch.Tensor) and value.dtype in kinds:
         return value.to(dtype)
     return value
 
 
-def _in_float32(function: Callable) -> Callable:
-    """``fp32`` policy: low-precision tensor arguments run in float32 under autocast."""
+def _as_cuda_autocast(function: Callable, cast: Callable) -> Callable:
+    """``function`` with its arguments cast by ``cast(args, kwargs)`` and CPU autocast off."""
 
     def rewrite(*args, **kwargs):
-        if torch.is_autocast_enabled("cpu"):
-            args, kwargs = tree_map(lambda v: _cast_low(v, torch.float32), (args, kwargs))
-        return function(*args, **kwargs)
-
-    return rewrite
-
-
-def _in_float32_unless_dtype(function: Callable) -> Callable:
-    """``fp32_set_opt_dtype`` policy: float32 unless the call gives its own ``dtype``."""
-    cast = _in_float32(function)
-
-    def rewrite(*args, **kwargs):
-        if kwargs.get("dtype") is not None:
+        if not torch.is_autocast_enabled("cpu"):
             return function(*args, **kwargs)
-        return cast(*args, **kwargs)
+        args, kwargs = cast(args, kwargs)
+        with torch.autocast("cpu", enabled=False):
+            return function(*args, **kwargs)
 
     return rewrite
 
 
-def _widest_floating(args, kwargs) -> torch.dtype | None:
-    """The widest floating dtype among the tensor arguments (``promote_type`` order)."""
+def _to_lower(args, kwargs):
+    low = torch.get_autocast_dtype("cpu")
+    return tree_map(lambda v: _cast(v, low, (torch.float32, torch.float64, *_LOW)), (args, kwargs))
+
+
+def _to_float32(args, kwargs):
+    return tree_map(lambda v: _cast(v, torch.float32, _LOW), (args, kwargs))
+
+
+def _first_tensor(args) -> torch.Tensor | None:
+    return next((v for v in tree_leaves(args) if isinstance(v, torch.Tensor)), None)
+
+
+def _float32_result(args, kwargs):
+    first = _first_tensor(args)
+    if kwargs.get("dtype") is None and first is not None and first.dtype in _LOW:
+        kwargs = {**kwargs, "dtype": torch.float32}
+    return args, kwargs
+
+
+def _to_widest(args, kwargs):
     widest = None
-    for value in torch.utils._pytree.tree_leaves((args, kwargs)):
+    for value in tree_leaves((args, kwargs)):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             widest = value.dtype if widest is None else torch.promote_types(widest, value.dtype)
-    return widest
+    if widest is None:
+        return args, kwargs
+    return tree_map(lambda v: _cast(v, widest, (torch.float16, torch.bfloat16, torch.float32)),
+                    (args, kwargs))
 
 
-def _promoted(function: Callable) -> Callable:
-    """``promote`` policy: floating arguments are cast to the widest floating dtype."""
+def _unchanged(args, kwargs):
+    return args, kwargs
 
-    def rewrite(*args, **kwargs):
-        widest = _widest_floating(args, kwargs) if torch.is_autocast_enabled("cpu") else None
-        if widest is not None and widest not in _LOW:
-            args, kwargs = tree_map(lambda v: _cast_low(v, widest), (args, kwargs))
-        return function(*args, **kwargs)
+
+def _softmax_half_to_float(log: bool) -> Callable:
+    """softmax / log_softmax under CUDA autocast: float32 result; a float16 input is read by the
+    ``half_to_float`` kernel without a float32 copy, a bfloat16 one is converted first."""
+    kernel = torch._log_softmax if log else torch._softmax
+    public = torch.log_softmax if log else torch.softmax
+
+    def rewrite(tensor, dim=None, _stacklevel=3, dtype=None):
+        if isinstance(_stacklevel, torch.dtype):   # torch.softmax(input, dim, dtype)
+            _stacklevel, dtype = 3, _stacklevel
+        if dim is None:
+            dim = F._get_softmax_dim("log_softmax" if log else "softmax", tensor.dim(), _stacklevel)
+        if not torch.is_autocast_enabled("cpu") or dtype is not None or tensor.dtype not in _LOW:
+            return public(tensor, dim, dtype=dtype)
+        with torch.autocast("cpu", enabled=False):
+            if tensor.dtype is torch.float16 and is_fake_tensor(tensor):
+                return kernel(tensor, dim, True)
+            # bfloat16 (converted on CUDA too), or a real CPU tensor, whose kernel refuses
+            # half_to_float: the float32 copy is made here
+            return public(tensor.float(), dim)
 
     return rewrite
 
@@ -80,25 +117,79 @@ def _pair(name: str) -> list[Callable]:
     return [f for f in (getattr(torch, name, None), getattr(torch.Tensor, name, None)) if f]
 
 
+def _interpolate(*args, **kwargs):
+    """``F.interpolate``: CUDA runs the upsample kernels in float32; ``area`` is an adaptive
+    average pool, which CUDA autocast leaves in the input's dtype."""
+    mode = kwargs.get("mode", args[3] if len(args) > 3 else "nearest")
+    cast = _unchanged if mode == "area" else _to_float32
+    return _as_cuda_autocast(F.interpolate, cast)(*args, **kwargs)
+
+
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
+                   reduce=None, reduction="mean", label_smoothing=0.0):
+    """``F.cross_entropy``: CUDA autocast does not wrap ``cross_entropy_loss`` but its parts
+    (``LossNLL.cpp``): ``log_softmax(self, class_dim, self.scalar_type())`` names the input's
+    dtype, so it runs in float16/bfloat16 and keeps that output, then ``nll_loss`` (fp32
+    list) casts it to a float32 copy, which it keeps too. Label smoothing and probability
+    targets run here on a float32 copy of the input (their parts are not rewritten)."""
+    if not torch.is_autocast_enabled("cpu") or input.dtype not in _LOW:
+        return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
+                               reduction, label_smoothing)
+    with torch.autocast("cpu", enabled=False):
+        if label_smoothing > 0.0 or target.shape == input.shape:
+            return F.cross_entropy(input.float(), target, _cast(weight, torch.float32, _LOW),
+                                   size_average, ignore_index, reduce, reduction,
+                                   label_smoothing)
+        log_probabilities = torch.log_softmax(input, 0 if input.dim() == 1 else 1, input.dtype)
+        return F.nll_loss(log_probabilities.float(), target, _cast(weight, torch.float32, _LOW),
+                          size_average, ignore_index, reduce, reduction)
+
+
+def _refuse_binary_cross_entropy(*args, **kwargs):
+    if torch.is_autocast_enabled("cpu"):
+        raise RuntimeError(
+            "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+            "autocast; CUDA autocast refuses them: use binary_cross_entropy_with_logits "
+            "(BCEWithLogitsLoss), or run the loss outside autocast")
+    return F.binary_cross_entropy(*args, **kwargs)
+
+
+LOWER = [torch.addmv, torch.Tensor.addmv, torch.addr, torch.Tensor.addr, torch.mv,
+         torch.Tensor.mv, torch.lstm_cell, torch.gru_cell, torch.rnn_tanh_cell,
+         torch.rnn_relu_cell]
 _UNARY_FP32 = ["acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2",
                "log1p", "reciprocal", "rsqrt", "sinh", "tan", "pow", "logsumexp", "renorm",
-               "dist", "cdist", "norm", "cosine_similarity"]
+               "dist", "cdist", "cosine_similarity", "layer_norm", "group_norm", "rms_norm",
+               "frobenius_norm", "nuclear_norm"]
 FP32 = [f for name in _UNARY_FP32 for f in _pair(name)] + [
-    torch.Tensor.__pow__, torch.Tensor.__rpow__, F.softplus, F.cosine_similarity, F.pdist,
-    F.cross_entropy, F.nll_loss, F.poisson_nll_loss, F.cosine_embedding_loss,
+    torch.Tensor.__pow__, torch.Tensor.__rpow__, F.softplus, F.pdist, F.layer_norm,
+    F.group_norm, F.rms_norm, F.nll_loss, F.poisson_nll_loss, F.cosine_embedding_loss,
     F.hinge_embedding_loss, F.kl_div, F.l1_loss, F.smooth_l1_loss, F.huber_loss, F.mse_loss,
     F.margin_ranking_loss, F.multilabel_margin_loss, F.soft_margin_loss,
     F.triplet_margin_loss, F.multi_margin_loss, F.binary_cross_entropy_with_logits,
 ]
-FP32_SET_OPT_DTYPE = [f for name in ("prod", "cumprod", "cumsum", "sum") for f in _pair(name)] + [
-    torch.linalg.vector_norm, torch.linalg.matrix_norm,
+FP32_SET_OPT_DTYPE = [f for name in ("prod", "cumprod", "cumsum", "sum", "norm")
+                      for f in _pair(name)] + [torch.linalg.vector_norm, torch.linalg.matrix_norm]
+PROMOTE = [f for name in ("addcdiv", "addcmul", "atan2", "dot", "vdot", "index_put",
+                          "scatter_add", "tensordot", "cross", "grid_sampler")
+           for f in _pair(name)] + [F.bilinear, F.grid_sample]
+INPUT_DTYPE = [
+    F.max_pool3d, F.avg_pool3d, F.adaptive_avg_pool3d, F.adaptive_max_pool3d, F.max_unpool2d,
+    F.max_unpool3d, F.fractional_max_pool2d, F.fractional_max_pool3d, F.pad, torch.trace,
+    torch.Tensor.trace, torch.stft, torch.Tensor.stft,
+    *(getattr(torch.fft, name) for name in ("fft", "ifft", "fft2", "ifft2", "fftn", "ifftn",
+                                            "rfft", "irfft", "rfft2", "irfft2", "rfftn",
+                                            "irfftn", "hfft", "ihfft")),
 ]
-PROMOTE = [f for name in ("addcdiv", "addcmul", "atan2", "dot", "index_put", "scatter_add",
-                          "tensordot", "cross") for f in _pair(name)] + [F.bilinear]
 
-for _function in dict.fromkeys(FP32):
-    cuda_substitute(_function)(_in_float32(_function))
-for _function in FP32_SET_OPT_DTYPE:
-    cuda_substitute(_function)(_in_float32_unless_dtype(_function))
-for _function in PROMOTE:
-    cuda_substitute(_function)(_promoted(_function))
+for _functions, _cast_for in ((LOWER, _to_lower), (FP32, _to_float32), (PROMOTE, _to_widest),
+                              (FP32_SET_OPT_DTYPE, _float32_result), (INPUT_DTYPE, _unchanged)):
+    for _function in dict.fromkeys(_functions):
+        cuda_substitute(_function)(_as_cuda_autocast(_function, _cast_for))
+for _log, _functions in ((False, (torch.softmax, F.softmax, torch.Tensor.softmax)),
+                         (True, (torch.log_softmax, F.log_softmax, torch.Tensor.log_softmax))):
+    for _function in _functions:
+        cuda_substitute(_function)(_softmax_half_to_float(_log))
+cuda_substitute(F.interpolate)(_interpolate)
+cuda_substitute(F.binary_cross_entropy)(_refuse_binary_cross_entropy)
+cuda_substitute(F.cross_entropy)(_cross_entropy)

@@ -35,11 +35,20 @@ trace's op names in the device report.
 
 from __future__ import annotations
 
+import contextlib
+from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from memcalc.trace.sdpa_backend import AttentionCall, cuda_sdpa_backend, math_attention
+
+ASSUMED_CAPABILITY = (8, 0)
+"""Compute capability assumed when no GPU is named (an A100)."""
 
 _SUBSTITUTES: dict[Callable, Callable] = {}
 _ORIGINAL_SDPA = F.scaled_dot_product_attention
@@ -58,16 +67,44 @@ def cuda_substitute(torch_function: Callable):
     return register
 
 
+@dataclass
+class CudaTarget:
+    """The GPU a trace is made for, and what the substitutions chose for it."""
+
+    capability: tuple[int, int] = ASSUMED_CAPABILITY
+    attention_backends: Counter = field(default_factory=Counter)
+    unmodelled: set = field(default_factory=set)
+    """``UNMODELLED`` entries the step called."""
+
+
+_TARGET: ContextVar[CudaTarget] = ContextVar("cuda_target", default=CudaTarget())
+
+
 @cuda_substitute(F.scaled_dot_product_attention)
-def _sdpa_without_stored_dropout(query, key, value, attn_mask=None, dropout_p=0.0,
-                                 is_causal=False, scale=None, **kwargs):
-    """On CUDA, SDPA with dropout runs the flash or memory-efficient kernel, which saves the
-    output and one log-sum-exp per row and regenerates the dropout mask from its RNG seed
-    (pytorch ``sdp_utils.cpp``: both support dropout; memory-efficient needs sm50+). On CPU,
-    dropout sends SDPA to the math kernel, which saves the S x S probabilities and the mask.
-    Dropping ``dropout_p`` keeps the CPU on its flash kernel, whose saved tensors match."""
-    return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
-                          is_causal=is_causal, scale=scale, **kwargs)
+def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                          scale=None, enable_gqa=False):
+    """The backend CUDA picks for this call (``sdpa_backend``). Flash, memory-efficient and
+    cuDNN attention keep the output and a log-sum-exp per row, also with dropout (the mask
+    is regenerated from the RNG seed): CPU's flash kernel, run without dropout, keeps the
+    same. The math backend runs step by step with CUDA's 1-byte dropout mask. Under autocast
+    the inputs are cast first (SDPA is on both lower-precision lists)."""
+    autocast = torch.is_autocast_enabled("cpu")
+    if autocast:
+        low = torch.get_autocast_dtype("cpu")
+        query, key, value, attn_mask = (
+            t.to(low) if t is not None and t.is_floating_point() else t
+            for t in (query, key, value, attn_mask))
+    target = _TARGET.get()
+    backend = cuda_sdpa_backend(AttentionCall.of(query, key, value, attn_mask, dropout_p,
+                                                 is_causal), target.capability)
+    target.attention_backends[backend] += 1
+    gqa = {"enable_gqa": True} if enable_gqa else {}
+    with torch.autocast("cpu", enabled=False) if autocast else contextlib.nullcontext():
+        if backend == "math":
+            return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                  enable_gqa, dropout=lambda x, p: _fused_dropout(x, p, True))
+        return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
+                              is_causal=is_causal, scale=scale, **gqa)
 
 
 @cuda_substitute(F.dropout)
@@ -87,55 +124,38 @@ def _fused_torch_dropout(input, p, train):
     return _fused_dropout(input, p, train)
 
 
-def _in_float32_under_autocast(function: Callable) -> Callable:
-    """CUDA autocast runs these ops in float32 (``autocast_mode.cpp``: layer_norm, group_norm
-    in the fp32 list, softmax and log_softmax in fp32_set_opt_dtype); CPU autocast keeps them
-    in the lower precision, so their saved outputs would be half the CUDA size."""
-
-    def rewrite(tensor, *args, **kwargs):
-        if torch.is_autocast_enabled("cpu") and tensor.dtype in (torch.float16, torch.bfloat16):
-            tensor = tensor.float()
-        return function(tensor, *args, **kwargs)
-
-    return rewrite
-
-
-CUDA_AUTOCAST_FP32 = [
-    torch.softmax, F.softmax, torch.Tensor.softmax,
-    torch.log_softmax, F.log_softmax, torch.Tensor.log_softmax,
-    F.layer_norm, torch.layer_norm, F.group_norm, torch.group_norm,
-]
-for _function in CUDA_AUTOCAST_FP32:
-    cuda_substitute(_function)(_in_float32_under_autocast(_function))
-
-
-def _in_input_dtype_under_autocast(function: Callable) -> Callable:
-    """CPU autocast runs these in float32 (``autocast_mode.cpp``, AutocastCPU's fp32 policy)
-    while CUDA autocast leaves them alone, so on CUDA they run in their input's dtype: a
-    3D U-Net's pools would otherwise keep an fp32 copy and an fp32 output per pool."""
-
-    def rewrite(*args, **kwargs):
-        if torch.is_autocast_enabled("cpu"):
-            with torch.autocast("cpu", enabled=False):
-                return function(*args, **kwargs)
-        return function(*args, **kwargs)
-
-    return rewrite
-
-
-CPU_ONLY_AUTOCAST_FP32 = [
-    F.max_pool3d, F.avg_pool3d, F.adaptive_avg_pool3d, F.adaptive_max_pool3d,
-    F.max_unpool2d, F.max_unpool3d, F.fractional_max_pool2d, F.fractional_max_pool3d, F.pad,
-]
-for _function in CPU_ONLY_AUTOCAST_FP32:
-    cuda_substitute(_function)(_in_input_dtype_under_autocast(_function))
+UNMODELLED: dict[Callable, str] = {
+    **dict.fromkeys([F.batch_norm, torch.batch_norm],
+                    "cuDNN batch norm: its reserve space and backward workspace are not traced "
+                    "(saved mean and inverse std are, as on CPU)"),
+    **dict.fromkeys([torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu],
+                    "cuDNN RNN (LSTM/GRU/RNN): traced as CPU's cell-by-cell graph; cuDNN's "
+                    "reserve space, workspace and flattened weight buffer are not modelled"),
+}
+"""Calls whose CUDA kernel keeps tensors the trace cannot model; reports list those used."""
 
 
 class CudaKernelMode(TorchFunctionMode):
-    """Apply every registered substitution to calls made while the mode is active."""
+    """Apply every registered substitution to calls made while the mode is active, for a GPU
+    of the given compute capability (``target`` holds what was chosen for it)."""
+
+    def __init__(self, capability: tuple[int, int] | None = None):
+        super().__init__()
+        self.target = CudaTarget(capability or ASSUMED_CAPABILITY)
+        self._token = None
+
+    def __enter__(self):
+        self._token = _TARGET.set(self.target)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        _TARGET.reset(self._token)
+        return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in UNMODELLED:
+            self.target.unmodelled.add(UNMODELLED[func])
         rewrite = _SUBSTITUTES.get(func)
         # The mode is not active inside its own handler, so these calls are not re-intercepted.
         if rewrite is not None:

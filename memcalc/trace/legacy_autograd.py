@@ -23,8 +23,8 @@ class _SoftmaxKeepingInput(torch.autograd.Function):
     """softmax / log_softmax whose node keeps its input and its output, as torch < 1.11 did."""
 
     @staticmethod
-    def forward(ctx, tensor, dim, log):
-        result = torch.log_softmax(tensor, dim) if log else torch.softmax(tensor, dim)
+    def forward(ctx, tensor, dim, log, half_to_float=False):
+        result = (torch._log_softmax if log else torch._softmax)(tensor, dim, half_to_float)
         ctx.save_for_backward(tensor, result)
         ctx.dim, ctx.log = dim, log
         return result
@@ -33,7 +33,7 @@ class _SoftmaxKeepingInput(torch.autograd.Function):
     def backward(ctx, grad):
         tensor, result = ctx.saved_tensors
         formula = torch._log_softmax_backward_data if ctx.log else torch._softmax_backward_data
-        return formula(grad, result, ctx.dim, tensor.dtype), None, None
+        return formula(grad, result, ctx.dim, tensor.dtype), None, None, None
 
 
 def _keeping_input(log: bool) -> Callable:
@@ -51,12 +51,23 @@ def _keeping_input(log: bool) -> Callable:
     return rewrite
 
 
+def _kernel_keeping_input(log: bool) -> Callable:
+    """``torch._softmax(input, dim, half_to_float)``, as CUDA autocast's float16 path calls it."""
+
+    def rewrite(tensor, dim, half_to_float):
+        if not (torch.is_grad_enabled() and tensor.requires_grad):
+            return (torch._log_softmax if log else torch._softmax)(tensor, dim, half_to_float)
+        return _SoftmaxKeepingInput.apply(tensor, dim, log, half_to_float)
+
+    return rewrite
+
+
 _SOFTMAX_KEEPS_INPUT: dict[Callable, Callable] = {
     function: _keeping_input(log)
     for log, functions in ((False, (torch.softmax, F.softmax, torch.Tensor.softmax)),
                            (True, (torch.log_softmax, F.log_softmax, torch.Tensor.log_softmax)))
     for function in functions
-}
+} | {torch._softmax: _kernel_keeping_input(False), torch._log_softmax: _kernel_keeping_input(True)}
 
 
 class LegacyAutogradMode(TorchFunctionMode):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -68,6 +68,8 @@ class StepSetup:
     policy: PrecisionPolicy
     cuda_kernels: bool = False
     """Apply ``memcalc.trace.cuda_kernels`` substitutions (the target is a CUDA GPU)."""
+    cuda_capability: tuple[int, int] | None = None
+    """Compute capability of the target GPU; None: ``cuda_kernels.ASSUMED_CAPABILITY``."""
     softmax_saves_input: bool = False
     """torch < 1.11's softmax formula (``memcalc.trace.legacy_autograd``)."""
     keep_zeroed_grads: bool = False
@@ -118,6 +120,10 @@ class TraceResult:
     """cuDNN calls given a workspace (0 when no workspace model was applied)."""
     bounded_sizes: tuple[BoundedUse, ...] = ()
     """Data-dependent ops traced at a bound or a conventional value (``bounded_ops``)."""
+    attention_backends: dict[str, int] = field(default_factory=dict)
+    """CUDA attention backend -> scaled-dot-product calls it ran (CUDA targets only)."""
+    unmodelled_kernels: tuple[str, ...] = ()
+    """CUDA kernels the step used whose own tensors are not modelled (``cuda_kernels``)."""
 
 
 class _Cursor:
@@ -193,12 +199,12 @@ def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
     batch = make_call(model, setup.inputs, setup.batch_shape[0])
     _label(watcher, batch.tensors(), MemoryCategory.INPUT)
     handles = _track_modules(model, cursor)
-    kernels = CudaKernelMode() if setup.cuda_kernels else contextlib.nullcontext()
+    kernels = CudaKernelMode(setup.cuda_capability) if setup.cuda_kernels else None
     legacy = LegacyAutogradMode(setup.softmax_saves_input)
     offload = OffloadCounter()
     bounded = BoundedOps()     # below the watcher, which then records what its rules make
     try:
-        with bounded, watcher, legacy, kernels:
+        with bounded, watcher, legacy, kernels or contextlib.nullcontext():
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
             observer = _LedgerObserver(watcher, cursor, ledger, model, optimizer)
             iteration = TrainingIteration(setup.body, model, batch, optimizer, observer)
@@ -211,7 +217,9 @@ def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
             handle.remove()
     return TraceResult(ledger, output_shape, frozenset(watcher.op_names), observer.flops,
                        offload.peak_bytes, halo.peak_bytes,
-                       workspaces.calls if workspaces else 0, bounded.uses())
+                       workspaces.calls if workspaces else 0, bounded.uses(),
+                       dict(kernels.target.attention_backends) if kernels else {},
+                       tuple(sorted(kernels.target.unmodelled)) if kernels else ())
 
 
 def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: _Cursor,
