@@ -233,3 +233,27 @@ def test_float16_softmax_reads_its_input_without_a_float32_copy():
         with Ops():
             y = x.softmax(-1)
     assert y.dtype == torch.float32 and seen == ["_softmax.default"]
+
+
+def test_ops_left_at_cpu_policy_are_named_in_the_report():
+    from memcalc.pipeline import estimate
+    from memcalc.specs import TrainingSpec
+
+    spec = TrainingSpec(model="tests.test_cuda_autocast:inverse_net", sample_shape=(4, 4),
+                        loss="sum", optimizer="sgd", batch_size=2, precision="bf16-mixed")
+    lines = estimate(spec).unsupported
+    assert any(line.startswith("CUDA autocast: linalg_inv") for line in lines), lines
+    fp32 = estimate(spec.with_changes(precision="fp32")).unsupported
+    assert not any(line.startswith("CUDA autocast:") for line in fp32)
+
+
+def inverse_net():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return torch.linalg.inv(self.linear(x) + 4 * torch.eye(4))
+
+    return Net()

@@ -21,6 +21,8 @@ from memcalc.device.report import (
 )
 from memcalc.dtypes import element_size
 from memcalc.specs import DeviceKind, TrainingSpec
+from memcalc.trace.cuda_autocast_audit import left_at_cpu_policy
+from memcalc.trace.precision import precision_policy
 from memcalc.trace.tracer import TraceResult
 
 TOP_MODULES = 10
@@ -98,9 +100,17 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
                        for use in trace.bounded_sizes],
         headroom_bytes=target.headroom_bytes,
         attention_backends=trace.attention_backends,
-        unmodelled_kernels=list(trace.unmodelled_kernels),
+        unmodelled_kernels=list(trace.unmodelled_kernels) + _autocast_left_alone(spec, trace),
         **cuda_fields,
     )
+
+
+def _autocast_left_alone(spec: TrainingSpec, trace: TraceResult) -> list[str]:
+    if spec.device is not DeviceKind.CUDA or precision_policy(spec.precision).autocast_dtype is None:
+        return []
+    return [f"CUDA autocast: {name} ran in float32 as CPU autocast runs it; CUDA autocast does "
+            "not list it (memcalc.trace.cuda_autocast_audit)"
+            for name in left_at_cpu_policy(trace.op_names)]
 
 
 def static_device_report(target: DeviceTarget, static: StaticEstimate, *, batch_size: int,

@@ -69,3 +69,10 @@ AUDIT: dict[str, str] = {
     "mkldnn_rnn_layer": "CPU's RNN kernel; CUDA runs cuDNN's, which the trace does not model "
                         "(listed as unsupported in reports)",
 }
+
+
+def left_at_cpu_policy(op_names) -> list[str]:
+    """The traced ops (ATen names) whose CUDA autocast policy the trace does not apply."""
+    left = {name.split(".")[0] for name, decision in AUDIT.items() if not decision.startswith(
+        (_SUBSTITUTED, _SAME))}
+    return sorted(left & set(op_names))

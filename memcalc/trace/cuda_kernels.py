@@ -14,23 +14,30 @@ dropout (not inplace)  ``native/Dropout.cpp``: ``is_fused_kernel_acceptable``  s
                        CPU decomposes to ``input * noise`` (noise in dtype)
 dropout_ / feature /   ``Dropout.cpp``: ``_dropout<inplace>`` on both          same as CPU
 alpha dropout          devices
-SDPA with dropout      ``transformers/sdp_utils.cpp``: flash/efficient keep   substituted
-                       output + log-sum-exp; CPU math keeps S x S
-autocast fp32 lists    ``autocast_mode.cpp`` CUDA ``fp32``,                    substituted
-                       ``fp32_set_opt_dtype``, ``promote``                     (cuda_autocast)
-CPU-only fp32 ops      ``autocast_mode.cpp`` AutocastCPU fp32 pools, pads      substituted
+SDPA                   ``transformers/cuda/sdp_utils.cpp``: cuDNN (sm90/100),  substituted
+                       flash, memory-efficient or math by dtype, head dims,    (sdpa_backend)
+                       mask, dropout, causal shape, compute capability;
+                       fused ones keep output + log-sum-exp, math S x S
+autocast policies      ``autocast_mode.cpp`` AutocastCUDA vs AutocastCPU       substituted
+                       registrations (lower, fp32, set_opt_dtype, promote)     (cuda_autocast;
+                                                                              audit in
+                                                                              cuda_autocast_
+                                                                              audit, a few
+                                                                              linalg ops
+                                                                              listed as
+                                                                              unsupported)
+softmax (fp16, mixed)  ``native/SoftMax.cpp``: Half -> Float result via        substituted
+                       ``half_to_float`` without a float32 copy (CUDA only)    (cuda_autocast)
 fused Adam/AdamW/SGD   ``native/cuda/fused_adam_impl.cu``: in place, no        modelled in
                        parameter-sized temporaries                             optimizers.py
-SDPA backend choice    ``sdp_utils.cpp``: flash needs sm80+ and head dim      not yet: flash
-                       <= 256, efficient sm50+; cuDNN attention sm90          and efficient
-                                                                              save the same
-cuDNN batch norm       ``cudnn/BatchNorm.cpp``: fp32 save_mean/invstd (as     not yet: reserve
-                       CPU) plus a reserve space                              space only
-cuDNN RNN/LSTM/GRU     ``cudnn/RNN.cpp``: reserve space + workspace           not yet
+cuDNN batch norm       ``cudnn/BatchNorm.cpp``: fp32 save_mean/invstd (as     listed as
+                       CPU) plus a reserve space and a backward workspace      unsupported
+cuDNN RNN/LSTM/GRU     ``cudnn/RNN.cpp``: reserve space, workspace, weight    listed as
+                       buffer; CPU runs cell by cell                           unsupported
 =====================  =====================================================  ==============
 
-The "not yet" rows are not listed in a report's ``unsupported`` lines yet: that needs the
-trace's op names in the device report.
+Unsupported entries (``UNMODELLED``) are named in a report's ``unsupported`` lines when the
+traced step calls them.
 """
 
 from __future__ import annotations
