@@ -23,6 +23,7 @@ registered for one autocast and not the other is in ``AUDIT`` below.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -125,24 +126,28 @@ def _interpolate(*args, **kwargs):
     return _as_cuda_autocast(F.interpolate, cast)(*args, **kwargs)
 
 
-def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
-                   reduce=None, reduction="mean", label_smoothing=0.0):
+_CROSS_ENTROPY = inspect.signature(F.cross_entropy)
+
+
+def _cross_entropy(*args, **kwargs):
     """``F.cross_entropy``: CUDA autocast does not wrap ``cross_entropy_loss`` but its parts
     (``LossNLL.cpp``): ``log_softmax(self, class_dim, self.scalar_type())`` names the input's
     dtype, so it runs in float16/bfloat16 and keeps that output, then ``nll_loss`` (fp32
     list) casts it to a float32 copy, which it keeps too. Label smoothing and probability
     targets run here on a float32 copy of the input (their parts are not rewritten)."""
+    bound = _CROSS_ENTROPY.bind(*args, **kwargs)
+    bound.apply_defaults()
+    call = dict(bound.arguments)
+    input, target = call["input"], call["target"]
     if not torch.is_autocast_enabled("cpu") or input.dtype not in _LOW:
-        return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce,
-                               reduction, label_smoothing)
+        return F.cross_entropy(*args, **kwargs)
+    call["weight"] = _cast(call["weight"], torch.float32, _LOW)
     with torch.autocast("cpu", enabled=False):
-        if label_smoothing > 0.0 or target.shape == input.shape:
-            return F.cross_entropy(input.float(), target, _cast(weight, torch.float32, _LOW),
-                                   size_average, ignore_index, reduce, reduction,
-                                   label_smoothing)
+        if call["label_smoothing"] > 0.0 or target.shape == input.shape:
+            return F.cross_entropy(**{**call, "input": input.float()})
+        del call["label_smoothing"]
         log_probabilities = torch.log_softmax(input, 0 if input.dim() == 1 else 1, input.dtype)
-        return F.nll_loss(log_probabilities.float(), target, _cast(weight, torch.float32, _LOW),
-                          size_average, ignore_index, reduce, reduction)
+        return F.nll_loss(**{**call, "input": log_probabilities.float()})
 
 
 def _refuse_binary_cross_entropy(*args, **kwargs):

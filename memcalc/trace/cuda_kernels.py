@@ -89,7 +89,7 @@ _TARGET: ContextVar[CudaTarget] = ContextVar("cuda_target", default=CudaTarget()
 
 @cuda_substitute(F.scaled_dot_product_attention)
 def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                          scale=None, enable_gqa=False):
+                          scale=None, *, enable_gqa=False):
     """The backend CUDA picks for this call (``sdpa_backend``). Flash, memory-efficient and
     cuDNN attention keep the output and a log-sum-exp per row, also with dropout (the mask
     is regenerated from the RNG seed): CPU's flash kernel, run without dropout, keeps the
@@ -108,8 +108,9 @@ def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_c
     gqa = {"enable_gqa": True} if enable_gqa else {}
     with torch.autocast("cpu", enabled=False) if autocast else contextlib.nullcontext():
         if backend == "math":
-            return math_attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
-                                  enable_gqa, dropout=lambda x, p: _fused_dropout(x, p, True))
+            return math_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                  scale=scale, enable_gqa=enable_gqa,
+                                  dropout=lambda x, p: _fused_dropout(x, p, True))
         return _ORIGINAL_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=0.0,
                               is_causal=is_causal, scale=scale, **gqa)
 

@@ -92,8 +92,8 @@ def cuda_sdpa_backend(call: AttentionCall, capability: tuple[int, int]) -> str:
     return next((name for name, usable in order if usable(call, capability)), "math")
 
 
-def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
-                   scale=None, enable_gqa=False, *, dropout):
+def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *,
+                   scale=None, enable_gqa=False, dropout):
     """The math kernel step by step, ``dropout(tensor, p)`` standing for ``at::dropout``."""
     origin = query.dtype
     upcast = origin in _HALF and not torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
