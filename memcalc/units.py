@@ -1,5 +1,6 @@
 """Byte quantities: IEC formatting for display. Internally every size is an int of bytes."""
 
+import math
 import re
 
 _IEC_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
@@ -27,6 +28,8 @@ def format_count(count: int) -> str:
     return str(count)
 
 
+MAX_SIZE_BYTES = 1 << 60
+"""1 EiB: larger sizes are typing mistakes (and overflow int64 byte arithmetic)."""
 _SIZE_FACTORS = {
     "": 1, "b": 1,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -51,7 +54,9 @@ def parse_size(text: str) -> int:
     if unit not in _SIZE_FACTORS:
         raise ValueError(f"size {text!r} has unit {unit!r}; use a number with B, KiB, MiB, GiB, "
                          "TiB (binary) or KB, MB, GB, TB (decimal), e.g. 24GiB")
-    value = float(number)
+    value = float(number) * _SIZE_FACTORS[unit]
     if value <= 0:
         raise ValueError(f"size {text!r} must be positive")
-    return int(value * _SIZE_FACTORS[unit])
+    if not math.isfinite(value) or value > MAX_SIZE_BYTES:
+        raise ValueError(f"size {text!r} is beyond any machine (at most 1 EiB)")
+    return int(value)

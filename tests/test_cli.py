@@ -136,7 +136,7 @@ HOST_BAD_INVOCATIONS = {
 def test_bad_input_is_one_line_and_nonzero(command, case):
     args, message = (BAD_INVOCATIONS if command == "estimate" else HOST_BAD_INVOCATIONS)[case]
     result = CliRunner().invoke(main, [command, *args])
-    assert result.exit_code == (1 if case == "dataset that raises" else 2)
+    assert result.exit_code == (4 if case == "dataset that raises" else 2)
     assert_exited_cleanly(result)
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert len(error_lines) == 1

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import memcalc
-from memcalc.errors import ModelSourceError
+from memcalc.errors import ModelSourceError, UserCodeError
 from memcalc.model.source import resolve_model
 from tests.fixtures.user_builders import BUILD_CALLS
 
@@ -47,9 +47,15 @@ def test_a_large_constructor_temporary_is_not_allocated():
 @pytest.mark.parametrize("builder, kind", [("raises_runtime_error", "RuntimeError"),
                                            ("raises_key_error", "KeyError"),
                                            ("exits", "sys.exit")])
-def test_any_builder_failure_is_a_model_source_error(builder, kind):
-    with pytest.raises(ModelSourceError, match=kind):
+def test_any_builder_failure_is_the_users_code_failing_at_its_line(builder, kind):
+    with pytest.raises(UserCodeError, match=kind) as raised:
         resolve_model(f"{BUILDERS}:{builder}").build_meta()
+    assert "user_builders.py:" in str(raised.value)
+
+
+def test_a_builder_refusing_its_arguments_is_bad_input():
+    with pytest.raises(ModelSourceError, match="rejected its arguments"):
+        resolve_model("resnet3d", {"depth": 7}).build_meta()
 
 
 def test_an_instance_keeps_its_weights():

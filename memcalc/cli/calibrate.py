@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 from rich.console import Console
 
+from memcalc.cli import output
 from memcalc.cli.guard import run_guarded
 from memcalc.device.env_profile import default_profile_path, save_profile
 from memcalc.units import format_bytes
@@ -28,7 +31,7 @@ def calibrate(ctx, out, name, as_json) -> None:
         profile = measure(name, progress=lambda message: console.print(f"[dim]{message}…[/]"))
         path = save_profile(profile, out or default_profile_path())
         if as_json:
-            click.echo(profile.model_dump_json(indent=1))
+            output.echo(profile.model_dump_json(indent=1))
         floor = profile.floor
         error, calls = profile.cudnn.error_summary()
         click.echo(
@@ -41,6 +44,6 @@ def calibrate(ctx, out, name, as_json) -> None:
             f"{format_bytes(profile.cublas_workspace_bytes or 0)}\n"
             f"  cuDNN workspace rules: {len(profile.cudnn.rules)} fitted to {calls} calls "
             f"({error:.0%} mean absolute error)\n"
-            f"use it: memcalc estimate ... --env-profile {path}", err=as_json)
+            f"use it: memcalc estimate ... --env-profile {path}", file=sys.stderr if as_json else output.out())
 
     run_guarded(ctx, work)

@@ -21,6 +21,7 @@ from memcalc.cli.options import (
 )
 from memcalc.cli.calibrate import calibrate
 from memcalc.cli.guard import run_guarded as _run_guarded
+from memcalc.cli.output import echo, out
 from memcalc.cli.types import ShapeType, enum_choice
 from memcalc.errors import InputError
 from memcalc.device.gpus import gpu_catalog
@@ -38,7 +39,12 @@ UNTRACED_EXIT_CODE = 3
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
-    """memcalc: memory of a PyTorch training step, predicted before launch without a GPU."""
+    """memcalc: memory of a PyTorch training step, predicted before launch without a GPU.
+
+    \b
+    Exit codes: 0 done/fits, 1 does not fit, 2 bad input, 3 fit unknown (static estimate),
+    4 your code (builder, Dataset) failed, 70 memcalc failed, 130 interrupted, 143 terminated.
+    """
     ctx.obj = {"debug": debug}
 
 
@@ -66,7 +72,7 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
             plot_report(report, plot_path)
         _show(report, as_json, partial(report_renderable, show_layers=show_layers))
         if plot_path and not as_json:
-            click.echo(f"plot written to {plot_path}")
+            echo(f"plot written to {plot_path}")
 
     _run_guarded(ctx, work)
 
@@ -94,7 +100,7 @@ def check(ctx, as_json, **options) -> None:
             sys.exit(1)
         except UntracedEstimateError as error:
             if as_json:
-                click.echo(error.report.model_dump_json(indent=2))
+                echo(error.report.model_dump_json(indent=2))
             click.echo(f"FIT UNKNOWN (STATIC): {str(error).removeprefix('fit unknown: ')}",
                        err=True)
             sys.exit(UNTRACED_EXIT_CODE)
@@ -142,9 +148,9 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
             click.echo(f"Warning: {result.reason.split(': ')[0]}: the launch file below "
                        "rests on a static count", err=True)
         if emit == "torchrun":
-            click.echo(result.torchrun or "")
+            echo(result.torchrun or "")
         elif emit == "slurm":
-            click.echo("\n".join(result.slurm or []))
+            echo("\n".join(result.slurm or []))
         else:
             _show(result, as_json, plan_renderable)
         if result.recommended is None:
@@ -220,13 +226,13 @@ def _show(report: BaseModel, as_json: bool,
     """A command's result: the indented JSON with ``--json``, else what ``render`` draws (text
     is echoed as it is: rich would wrap it and read its brackets as markup)."""
     if as_json:
-        click.echo(report.model_dump_json(indent=2))
+        echo(report.model_dump_json(indent=2))
         return
     shown = render(report)
     if isinstance(shown, str):
-        click.echo(shown)
+        echo(shown)
     else:
-        Console().print(shown)
+        Console(file=out()).print(shown)
 
 
 @main.command()
@@ -260,14 +266,14 @@ def _print_rows(rows, as_json: bool, title: str, columns: tuple[str, ...], cells
                 right_aligned: bool = False) -> None:
     """A catalog command's output: a JSON list of the rows, or a table of ``cells(row)``."""
     if as_json:
-        click.echo("[" + ",\n".join(row.model_dump_json() for row in rows) + "]")
+        echo("[" + ",\n".join(row.model_dump_json() for row in rows) + "]")
         return
     table = Table(title=title)
     for index, column in enumerate(columns):
         table.add_column(column, justify="right" if right_aligned and index else "left")
     for row in rows:
         table.add_row(*cells(row))
-    Console().print(table)
+    Console(file=out()).print(table)
 
 
 main.add_command(calibrate)

@@ -1,25 +1,78 @@
-"""Every command's errors as one ``Error:`` line and a documented exit code."""
+"""Every command's errors as one ``Error:`` line and a documented exit code.
+
+Exit codes: 0 done (fits); 1 does not fit (or a measurement failed); 2 bad input; 3 fit
+unknown (``check`` on a step that could not be traced); 4 the user's code failed (a builder
+or Dataset raised or exited: its exception and file:line are named); 70 memcalc itself failed;
+130 interrupted (SIGINT); 143 terminated (SIGTERM).
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import click
 from pydantic import ValidationError
 
-from memcalc.errors import InputError, MemcalcError
+from memcalc.cli.output import contained_stdout
+from memcalc.errors import InputError, MemcalcError, UserCodeError, user_frame
+
+USER_CODE_EXIT_CODE = 4
+INTERNAL_EXIT_CODE = 70
+INTERRUPTED_EXIT_CODE = 130
+TERMINATED_EXIT_CODE = 143
 
 
 def run_guarded(ctx: click.Context, work) -> None:
-    """Turn memcalc's errors into one line and an exit code (2 bad input, 1 otherwise)."""
+    """Run ``work`` with the user's prints kept off stdout; turn every failure into one line
+    and its exit code (``memcalc --debug`` re-raises instead)."""
+    debug = ctx.obj.get("debug")
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        work()
+        with contained_stdout():
+            work()
     except (MemcalcError, ValidationError) as error:
-        if ctx.obj.get("debug"):
+        if debug:
             raise
-        message = _one_line(error)
-        click.echo(f"Error: {message}", err=True)
-        sys.exit(2 if isinstance(error, (InputError, ValidationError)) else 1)
+        _fail(_one_line(error), _code_of(error))
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _fail("interrupted", INTERRUPTED_EXIT_CODE)
+    except Terminated:
+        _fail("terminated (SIGTERM)", TERMINATED_EXIT_CODE)
+    except Exception as error:  # whatever the user's code or a dependency raises
+        if debug:
+            raise
+        where = user_frame(error.__traceback__)
+        message = f"{type(error).__name__}: {_one_line(error)}"
+        if where:
+            _fail(f"your code raised {message} at {where} (memcalc --debug shows the traceback)",
+                  USER_CODE_EXIT_CODE)
+        _fail(f"memcalc failed: {message} (memcalc --debug shows the traceback; please "
+              "report it)", INTERNAL_EXIT_CODE)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived. A BaseException, so no ``except Exception`` in user code or in memcalc
+    mistakes it for a failure; it unwinds the stack and every child process is cleaned up."""
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"Error: {message}", err=True)
+    sys.exit(code)
+
+
+def _code_of(error: Exception) -> int:
+    if isinstance(error, UserCodeError):
+        return USER_CODE_EXIT_CODE
+    return 2 if isinstance(error, (InputError, ValidationError)) else 1
 
 
 def _one_line(error: Exception) -> str:
@@ -28,4 +81,5 @@ def _one_line(error: Exception) -> str:
         field = ".".join(str(part) for part in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
         return f"{field}: {message}" if field else message
-    return str(error).splitlines()[0]
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else "no message"

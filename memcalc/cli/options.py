@@ -53,7 +53,7 @@ HOST_OPTIONS = [
     click.option("--dataset-ram", type=SizeType(), help="RAM of an in-memory dataset object."),
     click.option("--python-objects", is_flag=True,
                  help="The dataset is Python objects (lists, dicts): forked workers copy it."),
-    click.option("--probe-seconds", type=click.FloatRange(min=1), default=60, show_default=True,
+    click.option("--probe-seconds", type=click.FloatRange(min=1, max=86400), default=60, show_default=True,
                  help="Time budget of the measured worker run."),
     click.option("--host-headroom", type=FractionType(), default="5%", show_default=True,
                  help="Share of the RAM limit kept free."),
@@ -123,6 +123,12 @@ def feed_options(command):
     return command
 
 
+def _named_gpu(ctx, param, value: str | None) -> str | None:
+    if value is not None and not value.strip():
+        raise click.BadParameter("is empty; name a card from `memcalc gpus` or leave --gpu out")
+    return value
+
+
 MODEL_OPTIONS = [
     click.option("--model", "model_name", required=True,
                  help="Zoo name (see `memcalc models`) or package.module:callable returning an nn.Module."),
@@ -163,7 +169,8 @@ MODEL_OPTIONS = [
                  help="Spatial parallelism: split every sample along its longest spatial axis "
                       "over this many GPUs; the estimate is one GPU's."),
     click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True),
-    click.option("--gpu", help="GPU from `memcalc gpus` (case-insensitive), e.g. H100-80GB."),
+    click.option("--gpu", callback=_named_gpu,
+                 help="GPU from `memcalc gpus` (case-insensitive), e.g. H100-80GB."),
     click.option("--gpu-memory", type=SizeType(),
                  help="Capacity to plan for, e.g. 24GiB (binary) or 24GB (decimal); overrides --gpu's."),
     click.option("--headroom", type=FractionType(), default="5%", show_default=True,
@@ -216,3 +223,4 @@ def model_options(command):
     for option in reversed(MODEL_OPTIONS):
         command = option(command)
     return command
+

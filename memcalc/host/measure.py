@@ -3,14 +3,19 @@ find why a worker grows, and measure again with the fix when one applies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import select
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 
-from memcalc.errors import InputError, MemcalcError
+from memcalc.errors import InputError, UserCodeError
 from memcalc.host.workers import (
     MALLOC_FIX_ENV,
     MMAP_THRESHOLD_MAX_BYTES,
@@ -24,10 +29,13 @@ from memcalc.units import format_bytes
 Progress = Callable[[int, int], None]
 """Called after each measured batch with (batches so far, worker bytes)."""
 GROWTH_FLOOR_BYTES = 64 << 20
-GRACE_SECONDS = 120
+STARTUP_SECONDS = 120
+"""Allowed for the probe to start: import torch and the user's module, build the Dataset."""
+LATE_SECONDS = 20
+"""Allowed past ``--probe-seconds`` for a batch in flight and the probe's shutdown."""
 
 
-class MeasurementError(MemcalcError):
+class MeasurementError(UserCodeError):
     """The user's Dataset failed in the measuring process."""
 
 
@@ -39,26 +47,22 @@ def measure_worker(loader: LoaderSpec, batch_size: int, env: dict[str, str] | No
     config = {"dataset": loader.dataset, "batch_size": batch_size,
               "prefetch_factor": loader.prefetch_factor, "input_key": loader.input_key,
               "start_method": loader.start_method.value, "seconds": loader.probe_seconds}
-    command = [sys.executable, "-m", "memcalc.host.probe", json.dumps(config)]
+    read_fd, write_fd = os.pipe()
+    command = [sys.executable, "-m", "memcalc.host.probe", json.dumps(config), str(write_fd)]
     environment = {**os.environ, **(env or {}), "PYTHONPATH": _pythonpath()}
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env=environment, cwd=os.getcwd()) as process:
-        result = None
-        for line in process.stdout:
-            event = _parse(line)
-            if event.get("event") == "batch" and progress:
-                progress(event["index"] + 1, event["worker_bytes"])
-            elif event.get("event") == "input_error":
-                process.kill()
-                raise InputError(event["message"])
-            elif event.get("event") == "error":
-                process.kill()
-                raise MeasurementError(f"dataset {loader.dataset!r} failed in the measuring "
-                                       f"process: {event['message']}; call dataset[0] in your own script to debug")
-            elif event.get("event") == "result":
-                result = event
-        stderr = process.stderr.read()
-        process.wait(timeout=GRACE_SECONDS)
+    with tempfile.TemporaryFile() as output:
+        # its own session: one process group with its DataLoader workers, killed as a group
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
+                                   stderr=output, pass_fds=(write_fd,), env=environment,
+                                   cwd=os.getcwd(), start_new_session=True)
+        os.close(write_fd)
+        try:
+            result = _read_events(read_fd, loader, progress)
+        finally:
+            os.close(read_fd)
+            _kill_group(process)
+        output.seek(0)
+        stderr = output.read().decode(errors="replace")
     if result is None:
         last = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {process.returncode}"
         raise MeasurementError(f"measuring dataset {loader.dataset!r} stopped: {last}")
@@ -119,6 +123,48 @@ def with_measured_sample(spec: HostSpec, measured: WorkerMeasurement) -> HostSpe
     """The spec with the sample shape and dtype the real worker produced."""
     loader = spec.loader.model_copy(update={"sample_dtype": measured.sample_dtype})
     return spec.model_copy(update={"sample_shape": tuple(measured.sample_shape), "loader": loader})
+
+
+def _read_events(read_fd: int, loader: LoaderSpec, progress: Progress | None) -> dict | None:
+    """The probe's events until its result, an error, the end of the pipe or the deadline:
+    ``STARTUP_SECONDS`` to import and build the Dataset, then ``--probe-seconds`` plus
+    ``LATE_SECONDS`` for the measured batches."""
+    buffer, end = b"", time.monotonic() + STARTUP_SECONDS
+    while True:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise MeasurementError(
+                f"dataset {loader.dataset!r} gave no result within --probe-seconds "
+                f"{loader.probe_seconds:g} (+{LATE_SECONDS} s): a __getitem__ that hangs, or "
+                "one far slower than that; raise --probe-seconds if it is only slow")
+        if not select.select([read_fd], [], [], min(remaining, 1.0))[0]:
+            continue
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            return None
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            event = _parse(line.decode(errors="replace"))
+            if event.get("event") == "started":
+                end = time.monotonic() + loader.probe_seconds + LATE_SECONDS
+            elif event.get("event") == "batch" and progress:
+                progress(event["index"] + 1, event["worker_bytes"])
+            elif event.get("event") == "input_error":
+                raise InputError(event["message"])
+            elif event.get("event") == "error":
+                raise MeasurementError(
+                    f"dataset {loader.dataset!r} failed in the measuring process: "
+                    f"{event['message']}; call dataset[0] in your own script to debug")
+            elif event.get("event") == "result":
+                return event
+
+
+def _kill_group(process: subprocess.Popen) -> None:
+    """Kill the probe and every process of its group (DataLoader workers included)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def _parse(line: str) -> dict:

@@ -1,7 +1,9 @@
 """Run the user's Dataset in one real DataLoader worker and measure it (a subprocess).
 
-``python -m memcalc.host.probe '<json config>'`` prints one JSON object per line: a
-``batch`` event per batch received and a final ``result`` (or ``error``). It imports torch
+``python -m memcalc.host.probe '<json config>' FD`` writes one JSON object per line to file
+descriptor FD (a pipe from memcalc): a ``batch`` event per batch received and a final
+``result`` (or ``error``). Its own stdout goes to stderr, so what the Dataset prints never
+mixes with the events. It imports torch
 and the user's module only, so its main process looks like a training script's.
 The worker reports its pid through ``worker_init_fn``; a thread samples the worker's
 private memory every few milliseconds, so the peak while samples are collated is seen.
@@ -35,8 +37,11 @@ PLATEAU_WINDOW = 6
 PLATEAU_TOLERANCE = 0.02
 
 
+_EVENTS: list[Any] = [sys.stdout]
+
+
 def _emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    print(json.dumps({"event": event, **fields}), file=_EVENTS[0], flush=True)
 
 
 def _tensors(item: Any) -> list[torch.Tensor]:
@@ -116,6 +121,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     pid = os.getpid()
     before = process_memory(pid).pss_private_bytes
     dataset = import_callable(config["dataset"], "dataset")()
+    _emit("started")
     main_bytes = process_memory(pid).pss_private_bytes
     dataset_bytes = max(0, main_bytes - before)
     first = dataset[0]
@@ -163,6 +169,11 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
+    if len(sys.argv) > 2:
+        _EVENTS[0] = os.fdopen(int(sys.argv[2]), "w", buffering=1)
+        sys.stdout.flush()
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
     try:
         _emit("result", **probe(json.loads(sys.argv[1])))
     except InputError as error:   # bad reference, or no tensor in the sample

@@ -46,7 +46,7 @@ class LoaderSpec(BaseModel):
     dataset: str | None = None
     input_key: str | None = None
     """Which field of a tuple/dict sample is the model input (default: the first tensor)."""
-    probe_seconds: float = Field(default=60.0, gt=0)
+    probe_seconds: float = Field(default=60.0, gt=0, le=86400)
     """Wall-time budget of the measured worker run."""
     headroom_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Share of the RAM limit kept free (OS, page cache, other processes)."""

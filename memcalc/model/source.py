@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memcalc.errors import MemcalcError, ModelSourceError
+from memcalc.errors import MemcalcError, ModelSourceError, UserCodeError, user_frame
 from memcalc.model.build import build_with_meta_states, states_to_meta
 from memcalc.model.user_code import import_callable
 from models_zoo import ZOO
@@ -36,15 +36,18 @@ class ModelSource:
             model = build_with_meta_states(self.factory, self.kwargs)
         except MemcalcError:
             raise
-        except TypeError as error:
+        except (TypeError, ValueError) as error:   # the builder refused what it was given
             raise ModelSourceError(f"model {self.name!r} rejected its arguments: "
-                                   f"{_first_line(error)}") from error
+                                   f"{type(error).__name__}: {_first_line(error)}{_at(error)}"
+                                   ) from error
         except SystemExit as error:
-            raise ModelSourceError(f"model {self.name!r}: its builder called sys.exit"
-                                   f"({error.code!r}); it must return the model") from error
+            raise UserCodeError(f"model {self.name!r}: its builder called sys.exit"
+                                f"({error.code!r}){_at(error)}; it must return the model"
+                                ) from error
         except Exception as error:  # the user's builder may raise anything
-            raise ModelSourceError(f"model {self.name!r} failed to build: "
-                                   f"{type(error).__name__}: {_first_line(error)}") from error
+            raise UserCodeError(f"model {self.name!r} failed to build: "
+                                f"{type(error).__name__}: {_first_line(error)}{_at(error)}"
+                                ) from error
         if not isinstance(model, nn.Module):
             raise ModelSourceError(
                 f"{self.name!r} returned {type(model).__name__}, not a torch.nn.Module; "
@@ -61,6 +64,11 @@ class ModelSource:
             except Exception:  # deepcopy of user objects (locks, generators) may fail
                 return self.build_meta()
         return copy_of_model
+
+
+def _at(error: BaseException) -> str:
+    where = user_frame(error.__traceback__)
+    return f" (at {where})" if where else ""
 
 
 def _first_line(error: BaseException) -> str:

@@ -1,0 +1,115 @@
+"""Hostile users through the real CLI in a subprocess: exact exit code, one ``Error:`` line,
+no traceback, stdout that is only memcalc's, no process left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPEC = ["--shape", "8", "--batch-size", "2", "--optimizer", "sgd"]
+
+
+def memcalc(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "memcalc", *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=timeout)
+
+
+def assert_one_error_line(result, code, *words):
+    assert result.returncode == code, (result.returncode, result.stderr[-2000:])
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
+    for word in words:
+        assert word in errors[0], errors[0]
+    return errors[0]
+
+
+def test_prints_from_builder_and_forward_never_reach_json_stdout():
+    result = memcalc("estimate", "--model", "tests.fixtures.hostile:printing", *SPEC, "--json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)            # exactly one JSON document
+    assert report["device"]["method"] == "traced"
+    assert "builder says hello" in result.stderr and "forward writes to fd 1" in result.stderr
+
+
+@pytest.mark.parametrize("kind, name", [("runtime", "RuntimeError"), ("key", "KeyError"),
+                                        ("import", "ModuleNotFoundError")])
+def test_a_builder_that_raises_is_the_users_code_failing(kind, name):
+    result = memcalc("estimate", "--model", "tests.fixtures.hostile:raising",
+                     "--model-arg", f"kind={kind}", *SPEC)
+    assert_one_error_line(result, 4, name, "tests/fixtures/hostile.py:")
+
+
+@pytest.mark.parametrize("command", ["estimate", "check"])
+def test_a_builder_that_exits_zero_is_not_a_success(command):
+    result = memcalc(command, "--model", "tests.fixtures.hostile:exiting", *SPEC,
+                     "--gpu", "A100-80GB")
+    assert_one_error_line(result, 4, "sys.exit(0)")
+
+
+def test_a_forward_that_raises_makes_check_say_fit_unknown():
+    result = memcalc("check", "--model", "tests.fixtures.hostile:forward_raises", *SPEC,
+                     "--gpu", "A100-80GB")
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "FIT UNKNOWN (STATIC)" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpu", ""], ["--gpu"]),
+    (["--gpu-memory", "1e400GB"], ["--gpu-memory"]),
+    (["--shape", "8,,8"], ["shape"]),
+])
+def test_bad_numbers_and_names_are_bad_input(args, words):
+    result = memcalc("estimate", "--model", "tests.fixtures.hostile:tiny", *SPEC, *args)
+    assert_one_error_line(result, 2, *words)
+
+
+@pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_user_code_runs_ends_cleanly(sent, code):
+    process = subprocess.Popen([sys.executable, "-m", "memcalc", "estimate", "--model",
+                                "tests.fixtures.hostile:sleeping", *SPEC],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    deadline = time.monotonic() + 120
+    line = ""
+    while "sleeping" not in line and time.monotonic() < deadline:
+        line = process.stderr.readline()       # the builder's print goes to stderr
+    assert "sleeping" in line
+    process.send_signal(sent)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code, stderr[-2000:]
+    assert "Traceback" not in stderr
+
+
+def _probe_processes() -> list[str]:
+    found = subprocess.run(["pgrep", "-f", "memcalc.host.probe"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
+def test_a_dataset_that_prints_the_probes_protocol_is_measured_anyway():
+    result = memcalc("host", "--dataset", "tests.fixtures.hostile:printing_dataset",
+                     "--batch-size", "2", "--json", "--probe-seconds", "5")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["measurement"]["batch_bytes"] == 2 * 3 * 16 * 16 * 4
+    assert not _probe_processes()
+
+
+def test_a_dataset_that_hangs_is_stopped_at_its_deadline_and_killed():
+    started = time.monotonic()
+    result = memcalc("host", "--dataset", "tests.fixtures.hostile:hanging_dataset",
+                     "--batch-size", "2", "--probe-seconds", "2")
+    assert_one_error_line(result, 4, "gave no result within")
+    assert time.monotonic() - started < 200
+    assert not _probe_processes()
+
+
+def test_a_dataset_that_raises_names_its_exception_and_line():
+    result = memcalc("host", "--dataset", "tests.fixtures.hostile:raising_dataset",
+                     "--batch-size", "2", "--probe-seconds", "5")
+    assert_one_error_line(result, 4, "ValueError", "corrupt", "hostile.py:")
+    assert not _probe_processes()
