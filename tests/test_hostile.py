@@ -69,11 +69,17 @@ def test_bad_numbers_and_names_are_bad_input(args, words):
     assert_one_error_line(result, 2, *words)
 
 
+def _default_sigint():
+    """A suite run in the background inherits SIGINT ignored; a terminal's memcalc has it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.parametrize("sent, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_while_user_code_runs_ends_cleanly(sent, code):
     process = subprocess.Popen([sys.executable, "-m", "memcalc", "estimate", "--model",
                                 "tests.fixtures.hostile:sleeping", *SPEC],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               preexec_fn=_default_sigint)
     deadline = time.monotonic() + 120
     line = ""
     while "sleeping" not in line and time.monotonic() < deadline:
