@@ -1,25 +1,43 @@
 """Run an estimate in a child process, so a crash or a hang in the user's model code cannot
-take the caller (a notebook kernel, a training script) down with it."""
+take the caller (a notebook kernel, a training script) down with it.
+
+The child is spawned (a fresh interpreter) and made the leader of its own process group, so
+whatever it starts goes with it: on a timeout, an interrupt of the caller or any other exit
+the whole group is killed.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import multiprocessing
+import os
+import re
+import signal
+import sys
 
-from memcalc.errors import InputError, TraceError
+from memcalc.errors import InputError, TraceError, UserCodeError
 from memcalc.model.source import OBJECT_PREFIX
 from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
 
 DEFAULT_TIMEOUT_S = 600.0
+_MAIN_GUARD = re.compile(r"""if\s+__name__\s*==\s*['"]__main__['"]""")
 
 
 def _child(spec: TrainingSpec, connection) -> None:
+    with contextlib.suppress(OSError):
+        os.setsid()      # its own process group: the parent kills the group
     from memcalc.pipeline import estimate
 
     try:
         connection.send(("report", estimate(spec)))
-    except Exception as error:   # reported to the parent as one line
-        connection.send(("error", f"{type(error).__name__}: {str(error).splitlines()[0]}"))
+    except SystemExit as error:
+        connection.send(("user", f"the model's code called sys.exit({error.code!r})"))
+    except BaseException as error:   # reported to the parent as one line
+        kind = "user" if isinstance(error, UserCodeError) else "error"
+        text = str(error).strip().splitlines()
+        connection.send((kind, f"{type(error).__name__}: {text[0] if text else 'no message'}"))
     finally:
         connection.close()
 
@@ -29,6 +47,8 @@ def estimate_isolated(spec: TrainingSpec, timeout_s: float = DEFAULT_TIMEOUT_S) 
     if spec.model.startswith(OBJECT_PREFIX):
         raise InputError("isolate=True needs a model name or 'package.module:callable': an "
                          "instance or a lambda lives only in this process")
+    if not isinstance(timeout_s, (int, float)) or not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise InputError(f"timeout_s={timeout_s!r}: give a positive, finite number of seconds")
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(spec, sender), daemon=True)
@@ -36,24 +56,49 @@ def estimate_isolated(spec: TrainingSpec, timeout_s: float = DEFAULT_TIMEOUT_S) 
     sender.close()
     try:
         if not receiver.poll(timeout_s):
-            crashed = not process.is_alive()
-            process.kill()
-            process.join()
-            raise TraceError(_why(process.exitcode if crashed else None, timeout_s))
+            raise TraceError(f"the isolated estimate did not finish in {timeout_s:g} s and was "
+                             "stopped (with every process it started)")
         kind, payload = receiver.recv()
     except EOFError:
         process.join()
-        raise TraceError(_why(process.exitcode, timeout_s)) from None
+        raise TraceError(_why_it_died(process.exitcode)) from None
     finally:
         receiver.close()
-    process.join()
+        _kill_group(process)
+    if kind == "user":
+        raise UserCodeError(f"in the isolated process: {payload}")
     if kind == "error":
         raise TraceError(f"in the isolated process: {payload}")
     return payload
 
 
-def _why(exitcode: int | None, timeout_s: float) -> str:
-    if exitcode is not None and exitcode != 0 and exitcode != -9:
-        return (f"the isolated estimate crashed (exit code {exitcode}); the model's code "
-                "killed its process — run it without isolate to see the traceback")
-    return f"the isolated estimate did not finish in {timeout_s:g} s and was stopped"
+def _kill_group(process) -> None:
+    """Kill the child's process group (the child and what it started), then the child."""
+    if process.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+    if process.is_alive():
+        process.kill()
+    process.join()
+
+
+def _why_it_died(exitcode: int | None) -> str:
+    script = getattr(sys.modules.get("__main__"), "__file__", None)
+    if exitcode == 1 and script and _lacks_main_guard(script):
+        return (f"the isolated process could not start: {script} has no "
+                "`if __name__ == \"__main__\":` guard, and isolate=True starts a fresh "
+                "interpreter that imports it again; put the script's work under that guard")
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else exitcode
+        return (f"the isolated estimate was killed by {name} (out of memory, or the model's "
+                "code crashed it); run it without isolate to see where")
+    return (f"the isolated estimate ended without an answer (exit code {exitcode}); run it "
+            "without isolate to see the traceback")
+
+
+def _lacks_main_guard(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as source:
+            return _MAIN_GUARD.search(source.read()) is None
+    except OSError:
+        return False

@@ -20,7 +20,7 @@ class ModuleLoading(str, Enum):
 class FeedSpec(BaseModel):
     """How long a step takes and how long a sample takes to load, when known."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     step_time_s: float | None = Field(default=None, gt=0)
     """GPU time of one training step; None: from FLOPs and the catalog (needs --gpu)."""
@@ -82,7 +82,7 @@ ModelArgValue = int | float | bool | str | None
 class InputSpec(BaseModel):
     """A named input tensor of ``forward`` (attention mask, labels...), per sample."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     shape: tuple[int, ...]
     """One sample's shape, without the batch axis (``()`` for one value per sample)."""
@@ -119,7 +119,7 @@ class TrainingSpec(BaseModel):
     ``sample_shape`` and ``input_dtype`` default to the zoo model's own (float32 otherwise).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     model: str = Field(min_length=1)
     model_args: dict[str, ModelArgValue] = Field(default_factory=dict)

@@ -62,7 +62,13 @@ def test_a_forward_that_raises_makes_check_say_fit_unknown():
 @pytest.mark.parametrize("args, words", [
     (["--gpu", ""], ["--gpu"]),
     (["--gpu-memory", "1e400GB"], ["--gpu-memory"]),
+    (["--gpu-memory", "inf"], ["--gpu-memory"]),
     (["--shape", "8,,8"], ["shape"]),
+    (["--shape", "100000,100000,100000,100000"], ["--shape", "elements per sample"]),
+    (["--sample-time", "inf"], ["--sample-time", "finite"]),
+    (["--step-time", "nan"], ["--step-time", "finite"]),
+    (["--plot", "no/such/folder/p.png"], ["--plot", "does not exist"]),
+    (["--plot", "report.txt"], ["--plot", ".png"]),
 ])
 def test_bad_numbers_and_names_are_bad_input(args, words):
     result = memcalc("estimate", "--model", "tests.fixtures.hostile:tiny", *SPEC, *args)
@@ -119,3 +125,42 @@ def test_a_dataset_that_raises_names_its_exception_and_line():
                      "--batch-size", "2", "--probe-seconds", "5")
     assert_one_error_line(result, 4, "ValueError", "corrupt", "hostile.py:")
     assert not _probe_processes()
+
+
+@pytest.mark.parametrize("model, words", [
+    ("leaves_fake_mode", "refused before allocating"),
+    ("numpy_table", "made outside the trace"),
+])
+def test_real_memory_outside_the_trace_is_refused_and_named(model, words):
+    from memcalc.pipeline import estimate
+    from memcalc.specs import TrainingSpec
+
+    report = estimate(TrainingSpec(model=f"tests.fixtures.hostile:{model}", sample_shape=(8,),
+                                   batch_size=2, optimizer="sgd"))
+    assert report.device.method == "static"
+    assert any(words in line for line in report.unsupported), report.unsupported
+
+
+def test_impossible_gpu_counts_are_refused():
+    result = memcalc("plan", "--model", "tests.fixtures.hostile:tiny", *SPEC, "--gpu", "T4",
+                     "--gpus", "99999999999999999999")
+    assert_one_error_line(result, 2, "--gpus")
+
+
+def test_a_plot_that_cannot_be_written_still_prints_the_report(tmp_path, monkeypatch):
+    import errno
+
+    import matplotlib.figure
+    from click.testing import CliRunner
+
+    from memcalc.cli.commands import main
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    result = CliRunner().invoke(main, ["estimate", "--model", "tests.fixtures.hostile:tiny",
+                                       *SPEC, "--json", "--plot", str(tmp_path / "p.png")])
+    assert result.exit_code == 2
+    assert "No space left on device" in result.stderr
+    assert json.loads(result.stdout)["device"]["method"] == "traced"

@@ -22,12 +22,12 @@ from memcalc.cli.options import (
 from memcalc.cli.calibrate import calibrate
 from memcalc.cli.guard import run_guarded as _run_guarded
 from memcalc.cli.output import echo, out
-from memcalc.cli.types import ShapeType, enum_choice
+from memcalc.cli.types import FiniteFloatRange, ShapeType, enum_choice
 from memcalc.errors import InputError
 from memcalc.device.gpus import gpu_catalog
-from memcalc.render.plot import plot_report
+from memcalc.render.plot import check_plot_path, plot_report
 from memcalc.specs import DeviceKind
-from memcalc.strategies.specs import Interconnect, Strategy
+from memcalc.strategies.specs import MAX_GPUS_PER_NODE, MAX_NODES, Interconnect, Strategy
 from memcalc.units import format_bytes, format_count
 from memcalc.model.zoo_catalog import zoo_rows
 
@@ -64,15 +64,17 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
     from memcalc.render.terminal import report_renderable
 
     def work():
+        if plot_path:
+            check_plot_path(plot_path)     # before the work, not after it
         loader, machine = loader_and_machine(options)
         spec = training_spec(options, loader, machine)
         with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
-        if plot_path:
-            plot_report(report, plot_path)
         _show(report, as_json, partial(report_renderable, show_layers=show_layers))
-        if plot_path and not as_json:
-            echo(f"plot written to {plot_path}")
+        if plot_path:   # after the report is out: a failed write does not lose it
+            plot_report(report, plot_path)
+            if not as_json:
+                echo(f"plot written to {plot_path}")
 
     _run_guarded(ctx, work)
 
@@ -111,15 +113,16 @@ def check(ctx, as_json, **options) -> None:
 
 @main.command()
 @model_options
-@click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1), default=1, show_default=True,
-              help="GPUs per node the job may use.")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--gpus", "gpus_per_node", type=click.IntRange(min=1, max=MAX_GPUS_PER_NODE),
+              default=1, show_default=True, help="GPUs per node the job may use.")
+@click.option("--nodes", type=click.IntRange(min=1, max=MAX_NODES), default=1, show_default=True)
 @click.option("--global-batch", type=click.IntRange(min=1),
               help="Samples per optimizer step to reach (gradient accumulation fills the gap).")
 @click.option("--interconnect", type=enum_choice(Interconnect), default="nvlink", show_default=True,
               help="Link between the GPUs of a node; InfiniBand between nodes.")
 @click.option("--bucket-view", is_flag=True, help="DDP gradient_as_bucket_view=True.")
-@click.option("--max-gpus", type=click.IntRange(min=1), default=512, show_default=True,
+@click.option("--max-gpus", type=click.IntRange(min=1, max=MAX_GPUS_PER_NODE * MAX_NODES),
+              default=512, show_default=True,
               help="With one GPU given: how many GPUs a strategy may ask for (1: this GPU only).")
 @click.option("--strategy", "forced", type=enum_choice(Strategy), help="Recommend this strategy.")
 @click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
@@ -186,7 +189,7 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
 
 @main.command()
 @click.option("--dataset", required=True, help="package.module:callable returning your Dataset.")
-@click.option("--step-time", type=click.FloatRange(min=0, min_open=True), required=True,
+@click.option("--step-time", type=FiniteFloatRange(min=0, min_open=True), required=True,
               help="Seconds the simulated GPU takes per batch.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--workers", "worker_list", default="0,1,2", show_default=True,

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from memcalc.cli.types import (
+    FiniteFloatRange,
     FractionType,
     InputType,
     ModelArgType,
@@ -53,7 +54,7 @@ HOST_OPTIONS = [
     click.option("--dataset-ram", type=SizeType(), help="RAM of an in-memory dataset object."),
     click.option("--python-objects", is_flag=True,
                  help="The dataset is Python objects (lists, dicts): forked workers copy it."),
-    click.option("--probe-seconds", type=click.FloatRange(min=1, max=86400), default=60, show_default=True,
+    click.option("--probe-seconds", type=FiniteFloatRange(min=1, max=86400), default=60, show_default=True,
                  help="Time budget of the measured worker run."),
     click.option("--host-headroom", type=FractionType(), default="5%", show_default=True,
                  help="Share of the RAM limit kept free."),
@@ -105,14 +106,14 @@ def worker_progress(enabled: bool):
 
 
 FEED_OPTIONS = [
-    click.option("--step-time", type=click.FloatRange(min=0, min_open=True),
+    click.option("--step-time", type=FiniteFloatRange(min=0, min_open=True),
                  help="Seconds of one training step on the GPU [default: from FLOPs with --gpu]."),
-    click.option("--sample-time", type=click.FloatRange(min=0, min_open=True),
+    click.option("--sample-time", type=FiniteFloatRange(min=0, min_open=True),
                  help="CPU seconds to load and transform one sample [default: measured with "
                       "--dataset]."),
     click.option("--read-bandwidth", type=SizeType(),
                  help="Storage read rate per second, e.g. 500MB, when only the shape is known."),
-    click.option("--mfu", type=click.FloatRange(min=0.01, max=1), default=0.4, show_default=True,
+    click.option("--mfu", type=FiniteFloatRange(min=0.01, max=1), default=0.4, show_default=True,
                  help="Share of the GPU's peak FLOP/s a training step reaches."),
 ]
 
@@ -155,7 +156,7 @@ MODEL_OPTIONS = [
     click.option("--optimizer", type=click.Choice(optimizer_names()), default="adam", show_default=True),
     click.option("--optimizer-impl", type=enum_choice(OptimizerImpl), default="default", show_default=True,
                  help="torch.optim implementation; default = foreach on CUDA, for-loop on CPU."),
-    click.option("--weight-decay", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+    click.option("--weight-decay", type=FiniteFloatRange(min=0.0), default=0.0, show_default=True,
                  help="torch.optim weight_decay."),
     click.option("--amsgrad", is_flag=True, help="Adam/AdamW amsgrad (one more state tensor)."),
     click.option("--zero-grad", type=click.Choice(["none", "zeros"]), default="none", show_default=True,

@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
 from memcalc.units import parse_size
+
+MAX_SAMPLE_ELEMENTS = 1 << 50
+"""Elements of one sample beyond which byte counts overflow: a typing mistake."""
+
+
+class FiniteFloatRange(click.FloatRange):
+    """A FloatRange that also refuses nan and inf (which pass its comparisons)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
 
 
 class ShapeType(click.ParamType):
@@ -23,6 +38,9 @@ class ShapeType(click.ParamType):
                       f"got {value!r}", param, ctx)
         if not dims or any(dim <= 0 for dim in dims):
             self.fail(f"shape dimensions must be positive integers, got {value!r}", param, ctx)
+        if math.prod(dims) > MAX_SAMPLE_ELEMENTS:
+            self.fail(f"shape {value!r} has {math.prod(dims):.3g} elements per sample, beyond any "
+                      "memory (at most 2**50)", param, ctx)
         return dims
 
 

@@ -4,13 +4,33 @@ whose activations are alive at the peak."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from memcalc.errors import InputError
 from memcalc.report.models import Report
 
 GIB = 1 << 30
 PHASE_COLORS = {"forward": "#dbeafe", "backward": "#fde68a", "optimizer": "#d1fae5",
                 "zero_grad": "#e5e7eb", "setup": "#ffffff"}
+
+
+PLOT_SUFFIXES = (".png", ".pdf", ".svg")
+
+
+def check_plot_path(path: str | Path) -> Path:
+    """The plot's path, refused before any work when it cannot be written: an unsupported
+    suffix, a missing or read-only directory."""
+    target = Path(path)
+    if target.suffix.lower() not in PLOT_SUFFIXES:
+        raise InputError(f"--plot {str(path)!r}: name a .png, .pdf or .svg file")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise InputError(f"--plot {str(path)!r}: folder {str(folder)!r} does not exist; "
+                         "create it first")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise InputError(f"--plot {str(path)!r}: not writable here; choose another path")
+    return target
 
 
 def plot_report(report: Report, path: str | Path | None = None):
@@ -32,8 +52,13 @@ def plot_report(report: Report, path: str | Path | None = None):
                     + (f", {report.gpu.name}" if report.gpu else ""))
     figure.tight_layout()
     if path is not None:
-        figure.savefig(Path(path))
-        plt.close(figure)
+        try:
+            figure.savefig(Path(path))
+        except OSError as error:   # a disk that filled up, a folder removed meanwhile
+            raise InputError(f"--plot {str(path)!r} could not be written: {error.strerror or error}"
+                             ) from error
+        finally:
+            plt.close(figure)
     return figure
 
 

@@ -46,13 +46,18 @@ class Strategy(str, Enum):
     SPATIAL = "spatial"
 
 
+MAX_GPUS_PER_NODE = 72
+"""The most GPUs one node holds (an NVL72 rack's NVLink domain); more is a typing mistake."""
+MAX_NODES = 100_000
+
+
 class ClusterSpec(BaseModel):
     """The GPUs a run may use and the batch it needs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    gpus_per_node: int = Field(default=1, ge=1)
-    nodes: int = Field(default=1, ge=1)
+    gpus_per_node: int = Field(default=1, ge=1, le=MAX_GPUS_PER_NODE)
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES)
     global_batch: int | None = Field(default=None, ge=1)
     """Samples per optimizer step; None: whatever each strategy's largest batch gives."""
     interconnect: Interconnect = Interconnect.NVLINK
@@ -62,7 +67,7 @@ class ClusterSpec(BaseModel):
     gradient_as_bucket_view: bool = False
     strategy: Strategy | None = None
     """Force one strategy to be recommended (it is still evaluated and may not fit)."""
-    max_gpus: int = Field(default=512, ge=1)
+    max_gpus: int = Field(default=512, ge=1, le=MAX_GPUS_PER_NODE * MAX_NODES)
     """How far the planner looks for GPUs when nothing fits on the ones given."""
 
     @property

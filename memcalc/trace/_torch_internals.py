@@ -33,7 +33,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -199,6 +199,9 @@ class StorageWatcher(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         """``op_hook(name, args, outputs, watch)`` may watch the outputs itself, in its own
         order, and return True; otherwise every output is watched in order."""
+        _refuse_real_inputs(func, args, kwargs)
+        if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
+            _refuse_before_real_allocation(func, args, kwargs)
         outputs = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         self.op_names.add(name)
@@ -221,6 +224,47 @@ fake mode fails fast instead of trying to allocate the step's hundreds of GiB.""
 
 class RealAllocationError(RuntimeError):
     """An op produced a real tensor larger than ``REAL_ALLOCATION_LIMIT_BYTES`` while tracing."""
+
+
+def _is_real(value) -> bool:
+    return (isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor)
+            and value.device.type != "meta")
+
+
+def _refuse_real_inputs(func, args, kwargs) -> None:
+    """A real tensor over the limit reaching the trace (made from a numpy buffer, or held in
+    a plain attribute) is memory the trace would not count: refused by name."""
+    for value in tree_flatten((args, kwargs))[0]:
+        if _is_real(value) and value.untyped_storage().nbytes() > REAL_ALLOCATION_LIMIT_BYTES:
+            raise RealAllocationError(
+                f"{func} received a real {value.untyped_storage().nbytes():,}-byte tensor "
+                f"{tuple(value.shape)} made outside the trace (a numpy buffer or a plain "
+                "attribute); register it as a buffer or create it in forward so it is counted")
+
+
+def _refuse_before_real_allocation(func, args, kwargs) -> None:
+    """Outside the fake mode (the model left it), work out on meta tensors what the op would
+    allocate, and refuse it before a real byte is taken when it is over the limit."""
+    def to_meta(value):
+        if _is_real(value):
+            return value.to("meta")
+        return torch.device("meta") if isinstance(value, torch.device) else value
+
+    meta_args, meta_kwargs = tree_map(to_meta, (args, dict(kwargs or {})))
+    if "device" in meta_kwargs:
+        meta_kwargs["device"] = torch.device("meta")
+    try:
+        outputs = func(*meta_args, **meta_kwargs)
+    except Exception:   # no meta kernel: the check after the op still applies
+        return
+    for tensor in tree_flatten(outputs)[0]:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type == "meta":
+            nbytes = tensor.untyped_storage().nbytes()
+            if nbytes > REAL_ALLOCATION_LIMIT_BYTES:
+                raise RealAllocationError(
+                    f"{func} would make a real {nbytes:,}-byte tensor while tracing (limit "
+                    f"{REAL_ALLOCATION_LIMIT_BYTES:,}); refused before allocating: the model "
+                    "creates tensors outside the fake mode")
 
 
 def _refuse_real_allocation(func, tensor: torch.Tensor) -> None:
