@@ -72,7 +72,8 @@ def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) 
         recommended_pin_memory=spec.cuda and pinned.fits(recommended),
         recommended_prefetch_factor=loader.prefetch_factor,
         recommended_persistent_workers=not loader.dataset_python_objects,
-        sbatch=_sbatch(recommended, sizes.total_at(recommended), loader.headroom_fraction),
+        sbatch=_sbatch(recommended, sizes.total_at(recommended), loader.headroom_fraction,
+                       machine.mem_per_cpu_bytes),
         measurement=measurement,
         assumptions=_assumptions(spec, measurement),
         warnings=_warnings(spec, sizes.sample, measurement)
@@ -183,10 +184,17 @@ def _limited_by(max_workers: int, cpus: int, sizes: _Sizes) -> str:
     return "RAM"
 
 
-def _sbatch(workers: int, peak: int, headroom: float) -> list[str]:
-    """A SLURM request for one training process: a CPU per worker plus the main process."""
-    cpus_per_task = workers + 1
-    mem_per_cpu_mib = math.ceil(peak / (1 - headroom) / cpus_per_task / _MIB)
+def _sbatch(workers: int, peak: int, headroom: float, mem_per_cpu: int | None) -> list[str]:
+    """A SLURM request for one training process: a CPU per worker plus the main process. With
+    the allocation's ``--mem-per-cpu`` given, that is kept and CPUs are added until their
+    memory holds the peak (SLURM grants memory per CPU)."""
+    need = peak / (1 - headroom)
+    if mem_per_cpu is None:
+        cpus_per_task = workers + 1
+        mem_per_cpu_mib = math.ceil(need / cpus_per_task / _MIB)
+    else:
+        cpus_per_task = max(workers + 1, math.ceil(need / mem_per_cpu))
+        mem_per_cpu_mib = mem_per_cpu // _MIB
     return [f"#SBATCH --cpus-per-task={cpus_per_task}", f"#SBATCH --mem-per-cpu={mem_per_cpu_mib}M"]
 
 

@@ -34,7 +34,7 @@ def per_process_host(host: HostReport, processes: int) -> HostReport:
         return host
     share = machine.model_copy(update={
         "cpus": max(1, machine.cpus // processes),
-        "ram_bytes": machine.limit_bytes // processes, "mem_per_cpu_bytes": None,
+        "ram_bytes": machine.limit_bytes // processes,
         "shm_bytes": machine.shm_bytes // processes if machine.shm_bytes else None})
     loader = host.spec.loader.model_copy(update={"num_workers": None})
     return host_estimate(host.spec.model_copy(update={"machine": share, "loader": loader}),
@@ -49,11 +49,11 @@ def slurm_header(candidate: Candidate, cluster: ClusterSpec, host: HostReport | 
              f"#SBATCH --gres=gpu:{per_node}"]
     if host is not None:
         share = per_process_host(host, per_node)
-        cpus_per_process = share.recommended_num_workers + 1
+        cpus_per_process = int(share.sbatch[0].split("=", 1)[1])
         mem_per_cpu = share.sbatch[1].split("=", 1)[1]
         lines += [f"#SBATCH --cpus-per-task={per_node * cpus_per_process}",
                   f"#SBATCH --mem-per-cpu={mem_per_cpu}",
-                  f"# {cpus_per_process - 1} DataLoader workers per GPU process, "
+                  f"# {share.recommended_num_workers} DataLoader workers per GPU process, "
                   f"{per_node} processes per node sharing its {share.spec.machine.cpus * per_node}"
                   " CPUs and RAM (host plan)"]
     lines += ["export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
