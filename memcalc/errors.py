@@ -5,6 +5,7 @@ print it as is and exit non-zero without a traceback.
 """
 
 import os
+import re
 import traceback
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -58,15 +59,40 @@ class CalibrationError(MemcalcError):
     missing, a measuring process failed)."""
 
 
+def _is_users_file(filename: str) -> bool:
+    """Not memcalc's, not an installed package's, not the standard library's."""
+    if filename.startswith("<"):
+        return False
+    path = os.path.abspath(filename)
+    if "site-packages" in path or "dist-packages" in path:
+        return False
+    return not any(path.startswith(root + os.sep)
+                   for root in (os.path.dirname(os.__file__), _PACKAGE_DIR))
+
+
 def user_frame(trace) -> str | None:
-    """``file:line`` of the innermost frame in the user's own files (not memcalc's, not an
-    installed package's, not the standard library's), or None."""
-    library = {os.path.dirname(os.__file__), _PACKAGE_DIR}
+    """``file:line`` of the innermost frame in the user's own files, or None."""
     for frame in reversed(traceback.extract_tb(trace)):
-        path = os.path.abspath(frame.filename)
-        if "site-packages" in path or "dist-packages" in path or frame.filename.startswith("<"):
-            continue
-        if any(path.startswith(root + os.sep) for root in library):
-            continue
-        return f"{frame.filename}:{frame.lineno}"
+        if _is_users_file(frame.filename):
+            return f"{frame.filename}:{frame.lineno}"
     return None
+
+
+_WORKER_FAILURE = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
+_TRACEBACK_FILE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def dataloader_worker_failure(error: BaseException) -> str | None:
+    """What torch re-raises from a DataLoader worker ("Caught ValueError in DataLoader worker
+    process 0") read back into the original exception and the user's file:line, or None."""
+    text = str(error)
+    caught = _WORKER_FAILURE.search(text)
+    if caught is None or "Original Traceback" not in text:
+        return None
+    original = text.split("Original Traceback (most recent call last):", 1)[1]
+    lines = [line.strip() for line in original.strip().splitlines() if line.strip()]
+    frames = [(name, line) for name, line in _TRACEBACK_FILE.findall(original)
+              if _is_users_file(name)]
+    where = f" at {frames[-1][0]}:{frames[-1][1]}" if frames else ""
+    return (f"your Dataset raised {lines[-1] if lines else caught.group(1)} in DataLoader "
+            f"worker process {caught.group(2)}{where}")

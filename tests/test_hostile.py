@@ -174,3 +174,19 @@ def test_the_slurm_script_keeps_the_allocations_cpus_and_memory_per_cpu():
                  if line.startswith("#SBATCH --") and "=" in line)
     assert lines["--mem-per-cpu"] == f"{10**9 // 2**20}M"          # as given, 1 GB
     assert 1 <= int(lines["--cpus-per-task"]) <= 4                   # within --cpus
+
+
+def test_plan_emit_says_why_when_nothing_fits():
+    result = memcalc("plan", "--model", "resnet3d", "--shape", "834,224,834,3", "--gpu", "T4",
+                     "--max-gpus", "1", "--emit", "slurm")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "DOES NOT FIT: no launch file to emit: nothing fits" in result.stderr
+
+
+def test_a_dataloader_workers_exception_keeps_its_message_and_line():
+    result = memcalc("feed", "--dataset", "tests.fixtures.hostile:raising_later_dataset",
+                     "--step-time", "0.01", "--batch-size", "2", "--workers", "1",
+                     "--batches", "4")
+    assert_one_error_line(result, 4, "ValueError: sample 7 is corrupt", "worker process 0",
+                          "hostile.py:")

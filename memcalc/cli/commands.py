@@ -150,7 +150,9 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
         if emit and result.reason.startswith(STATIC_PLAN):
             click.echo(f"Warning: {result.reason.split(': ')[0]}: the launch file below "
                        "rests on a static count", err=True)
-        if emit == "torchrun":
+        if emit and result.recommended is None:
+            click.echo(f"DOES NOT FIT: no launch file to emit: {result.reason}", err=True)
+        elif emit == "torchrun":
             echo(result.torchrun or "")
         elif emit == "slurm":
             echo("\n".join(result.slurm or []))

@@ -15,7 +15,13 @@ import click
 from pydantic import ValidationError
 
 from memcalc.cli.output import contained_stdout
-from memcalc.errors import InputError, MemcalcError, UserCodeError, user_frame
+from memcalc.errors import (
+    InputError,
+    MemcalcError,
+    UserCodeError,
+    dataloader_worker_failure,
+    user_frame,
+)
 
 USER_CODE_EXIT_CODE = 4
 INTERNAL_EXIT_CODE = 70
@@ -44,6 +50,9 @@ def run_guarded(ctx: click.Context, work) -> None:
     except Exception as error:  # whatever the user's code or a dependency raises
         if debug:
             raise
+        worker = dataloader_worker_failure(error)
+        if worker:
+            _fail(worker, USER_CODE_EXIT_CODE)
         where = user_frame(error.__traceback__)
         message = f"{type(error).__name__}: {_one_line(error)}"
         if where:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from memcalc.errors import InputError
+from memcalc.errors import InputError, dataloader_worker_failure, user_frame
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import import_callable
 
@@ -180,9 +180,11 @@ def main() -> None:
         _emit("input_error", message=str(error).splitlines()[0])
         sys.exit(2)
     except Exception as error:   # the user's Dataset can raise anything; report it in one line
-        where = traceback.extract_tb(error.__traceback__)[-1]
-        _emit("error", message=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-              f" (at {os.path.basename(where.filename)}:{where.lineno})")
+        where = user_frame(error.__traceback__) or "{}:{}".format(
+            *traceback.extract_tb(error.__traceback__)[-1][:2])
+        first = str(error).splitlines()[0] if str(error) else ""
+        _emit("error", message=dataloader_worker_failure(error)
+              or f"{type(error).__name__}: {first} (at {where})")
         sys.exit(3)
 
 
