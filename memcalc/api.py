@@ -12,8 +12,10 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+from pydantic import ValidationError
 from torch import nn
 
+from memcalc.api_errors import argument_error
 from memcalc.errors import InputError, MemoryBudgetError, UntracedEstimateError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
 from memcalc.model.source import model_reference, resolve_model
@@ -29,11 +31,19 @@ ModelLike = str | nn.Module | Callable[..., nn.Module]
 FIXES_SHOWN = 3
 
 
+_OWN_PARAMETERS = ("model", "sample_shape", "batch_size", "isolate", "timeout_s", "gpus",
+                   "nodes", "global_batch", "max_gpus", "num_workers")
+
+
 def training_spec(name: str, sample_shape: tuple[int, ...] | None = None,
                   **options: Any) -> TrainingSpec:
-    """The spec for a model name (see ``model_reference`` for model objects)."""
+    """The spec for a model name (see ``model_reference`` for model objects); a bad or
+    unknown argument is one ``InputError`` naming it."""
     shape = tuple(sample_shape) if sample_shape is not None else None
-    return TrainingSpec(model=name, sample_shape=shape, **options)
+    try:
+        return TrainingSpec(model=name, sample_shape=shape, **options)
+    except ValidationError as error:
+        raise argument_error(error, (TrainingSpec,), _OWN_PARAMETERS) from None
 
 
 def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
@@ -52,8 +62,11 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
          **options: Any) -> StrategyPlan:
     """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP, spatial
     parallelism...) ranked; ``max_gpus`` bounds how many GPUs one may ask for."""
-    cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
-                          max_gpus=max_gpus)
+    try:
+        cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
+                              max_gpus=max_gpus)
+    except ValidationError as error:
+        raise argument_error(error, (ClusterSpec,)) from None
     with model_reference(model) as name:
         return plan_spec(training_spec(name, sample_shape, gpu=gpu, **options), cluster)
 

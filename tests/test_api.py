@@ -81,3 +81,20 @@ def test_plan_works_on_a_static_model_and_marks_every_candidate():
                         machine={"cpus": 2, "ram_bytes": 8 << 30})
     assert plan.reason.startswith("STATIC ESTIMATE, NOT TRACED")
     assert plan.candidates and all(c.method.startswith("STATIC") for c in plan.candidates)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(optimiser="adam"), r"unknown argument 'optimiser'; did you mean 'optimizer'\?"),
+    (dict(loader={"num_worker": 2}), r"unknown argument .*num_worker.*did you mean 'num_workers'"),
+    (dict(batch_size=float("nan")), r"batch_size=nan: Input should be a finite number"),
+    (dict(gpu_memory_bytes=float("inf")), r"gpu_memory_bytes=inf: .*finite"),
+    (dict(batch_size=0), r"batch_size=0: Input should be greater than or equal to 1"),
+])
+def test_api_arguments_are_checked_with_one_line_naming_the_parameter(options, message):
+    with pytest.raises(InputError, match=message):
+        memcalc.estimate("mlp", (16,), **options)
+
+
+def test_plan_cluster_arguments_are_named_too():
+    with pytest.raises(InputError, match=r"gpus_per_node=0"):
+        memcalc.plan("mlp", (16,), gpu="T4", gpus=0)
