@@ -78,6 +78,18 @@ def user_frame(trace) -> str | None:
     return None
 
 
+def at_user_frame(error: BaseException) -> str:
+    """`` (at file:line)`` of the user's innermost frame in ``error``'s traceback, or ''."""
+    where = user_frame(error.__traceback__)
+    return f" (at {where})" if where else ""
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's message, for a one-line error."""
+    lines = str(error).strip().splitlines()
+    return lines[0][:limit] if lines else "no message"
+
+
 _WORKER_FAILURE = re.compile(r"Caught (\w+) in DataLoader worker process (\d+)")
 _TRACEBACK_FILE = re.compile(r'File "([^"]+)", line (\d+)')
 

@@ -338,10 +338,11 @@ def test_calibrate_writes_the_profile_estimates_then_use(monkeypatch, tmp_path):
     assert report["device"]["env_profile"] == "mine"
 
 
-def test_a_launch_file_from_a_static_plan_is_flagged_on_stderr():
+def test_a_launch_file_from_a_static_plan_is_flagged_and_exits_fit_unknown():
     result = CliRunner().invoke(main, ["plan", "--model", "tests.fixtures.models:untraceable",
                                        "--shape", "8", "--gpu", "T4", "--max-gpus", "2",
                                        "--cpus", "2", "--ram", "8GiB", "--emit", "slurm"])
     assert_exited_cleanly(result)
+    assert result.exit_code == 3        # a `plan --emit ... > job.sh && sbatch job.sh` stops
     assert result.stdout.startswith("#!/bin/bash")
-    assert "STATIC ESTIMATE, NOT TRACED" in result.stderr
+    assert "FIT UNKNOWN (STATIC): STATIC ESTIMATE, NOT TRACED" in result.stderr

@@ -20,6 +20,7 @@ from memcalc.cli.options import (
     worker_progress,
 )
 from memcalc.cli.calibrate import calibrate
+from memcalc.cli.deadline import timeout_option
 from memcalc.cli.guard import run_guarded as _run_guarded
 from memcalc.cli.output import echo, out
 from memcalc.cli.types import FiniteFloatRange, ShapeType, enum_choice
@@ -32,7 +33,7 @@ from memcalc.units import format_bytes, format_count
 from memcalc.model.zoo_catalog import zoo_rows
 
 UNTRACED_EXIT_CODE = 3
-"""``memcalc check``: the step could not be traced, so whether it fits is unknown."""
+"""``check`` and ``plan``: the step could not be traced, so whether it fits is unknown."""
 
 
 @click.group()
@@ -56,6 +57,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 @click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
 @feed_options
 @host_options
+@timeout_option
 @click.pass_context
 def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
     """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest
@@ -84,6 +86,7 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @feed_options
 @host_options
+@timeout_option
 @click.pass_context
 def check(ctx, as_json, **options) -> None:
     """Exit 0 when --batch-size (and --num-workers) fit the GPU and host, 1 when not, 3 when
@@ -130,10 +133,12 @@ def check(ctx, as_json, **options) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
 @feed_options
 @host_options
+@timeout_option
 @click.pass_context
 def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
          emit, as_json, **options) -> None:
-    """Which strategy to use: each traced or derived, ranked, with launch files."""
+    """Which strategy to use: each traced or derived, ranked, with launch files. Exits 1 when
+    nothing fits, 3 when the plan rests on a static count (the step could not be traced)."""
     from memcalc.api import plan_spec
     from memcalc.render.plan import plan_renderable
     from memcalc.strategies.plan import STATIC_PLAN
@@ -147,9 +152,11 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
                               gradient_as_bucket_view=bucket_view, strategy=forced,
                               max_gpus=max_gpus)
         result = plan_spec(spec, cluster)
-        if emit and result.reason.startswith(STATIC_PLAN):
-            click.echo(f"Warning: {result.reason.split(': ')[0]}: the launch file below "
-                       "rests on a static count", err=True)
+        static = result.reason.startswith(STATIC_PLAN)
+        if static:
+            click.echo(f"FIT UNKNOWN (STATIC): {result.reason.split(': ')[0]}: this plan "
+                       f"{'and its launch file rest' if emit else 'rests'} on a static count",
+                       err=True)
         if emit and result.recommended is None:
             click.echo(f"DOES NOT FIT: no launch file to emit: {result.reason}", err=True)
         elif emit == "torchrun":
@@ -160,6 +167,8 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
             _show(result, as_json, plan_renderable)
         if result.recommended is None:
             sys.exit(1)
+        if static:
+            sys.exit(UNTRACED_EXIT_CODE)
 
     _run_guarded(ctx, work)
 
@@ -171,6 +180,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
               help="Where training runs (cuda adds the CUDA host context and pinning).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @host_options
+@timeout_option
 @click.pass_context
 def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
     """Host RAM of the training process and the DataLoader workers that fit (no model)."""
@@ -200,6 +210,7 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
               help="Batches timed per worker count (after warm-up).")
 @click.option("--cpus", type=click.IntRange(min=1), help="CPUs [default: detected].")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
+@timeout_option
 @click.pass_context
 def feed(ctx, *, dataset, step_time, batch_size, worker_list, batches, cpus, as_json) -> None:
     """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""

@@ -12,7 +12,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from memcalc.errors import MemcalcError, ModelSourceError, UserCodeError, user_frame
+from memcalc.errors import (
+    MemcalcError,
+    ModelSourceError,
+    UserCodeError,
+    at_user_frame,
+    first_line,
+)
 from memcalc.model.build import build_with_meta_states, states_to_meta
 from memcalc.model.user_code import import_callable
 from models_zoo import ZOO
@@ -38,15 +44,15 @@ class ModelSource:
             raise
         except (TypeError, ValueError) as error:   # the builder refused what it was given
             raise ModelSourceError(f"model {self.name!r} rejected its arguments: "
-                                   f"{type(error).__name__}: {_first_line(error)}{_at(error)}"
+                                   f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}"
                                    ) from error
         except SystemExit as error:
             raise UserCodeError(f"model {self.name!r}: its builder called sys.exit"
-                                f"({error.code!r}){_at(error)}; it must return the model"
+                                f"({error.code!r}){at_user_frame(error)}; it must return the model"
                                 ) from error
         except Exception as error:  # the user's builder may raise anything
             raise UserCodeError(f"model {self.name!r} failed to build: "
-                                f"{type(error).__name__}: {_first_line(error)}{_at(error)}"
+                                f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}"
                                 ) from error
         if not isinstance(model, nn.Module):
             raise ModelSourceError(
@@ -64,16 +70,6 @@ class ModelSource:
             except Exception:  # deepcopy of user objects (locks, generators) may fail
                 return self.build_meta()
         return copy_of_model
-
-
-def _at(error: BaseException) -> str:
-    where = user_frame(error.__traceback__)
-    return f" (at {where})" if where else ""
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else "no message"
 
 
 _OBJECTS: dict[str, Any] = {}

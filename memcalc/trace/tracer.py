@@ -33,7 +33,7 @@ from memcalc.trace.checkpointing import apply_checkpointing
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
 from memcalc.trace.cudnn_workspace import WorkspaceModel
-from memcalc.errors import MemcalcError, TraceError
+from memcalc.errors import MemcalcError, TraceError, at_user_frame, first_line
 from memcalc.model.inputs import InputTensor, ModelInputs, make_call
 from memcalc.trace.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.trace.offload import OffloadCounter
@@ -159,17 +159,17 @@ def trace_training_step(setup: StepSetup) -> TraceResult:
     except RealAllocationError as error:
         raise TraceError(f"refused: {error}") from error
     except UNSUPPORTED_OPERATOR as error:
-        raise TraceError(f"op {_first_line(error)} has no fake kernel (a custom or extension "
+        raise TraceError(f"op {first_line(error)} has no fake kernel (a custom or extension "
                          "op; register one with torch.library.register_fake)") from error
     except FAKE_TENSOR_FAILURES as error:
         raise TraceError(f"the model needs real tensor values ({type(error).__name__}: "
-                         f"{_first_line(error)})") from error
+                         f"{first_line(error)})") from error
     except Exception as error:  # the user's model code may raise anything
         raise TraceError(f"the model failed in the traced step: {type(error).__name__}: "
-                         f"{_first_line(error)}") from error
+                         f"{first_line(error)}{at_user_frame(error)}") from error
     except SystemExit as error:  # a forward that exits must not end memcalc with its code
         raise TraceError(f"the model called sys.exit({error.code!r}) in the traced step"
-                         ) from error
+                         f"{at_user_frame(error)}") from error
 
 
 def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
@@ -308,6 +308,3 @@ def _track_modules(model: nn.Module, cursor: _Cursor) -> list:
     return handles
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0][:300] if text else "no message"
