@@ -3,7 +3,10 @@ take the caller (a notebook kernel, a training script) down with it.
 
 The child is spawned (a fresh interpreter) and made the leader of its own process group, so
 whatever it starts goes with it: on a timeout, an interrupt of the caller or any other exit
-the whole group is killed.
+the whole group is killed. The trace itself allocates almost nothing for real (fake tensors);
+as a backstop to the trace's refusal of real allocations, the parent watches the resident
+memory of the child and what it started, and stops them past ``real_memory_cap_bytes`` (half
+the RAM available when the call starts) before they can take the node down.
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ import os
 import re
 import signal
 import sys
+import time
+
+import psutil
 
 from memcalc.errors import InputError, TraceError, UserCodeError
 from memcalc.model.source import OBJECT_PREFIX
@@ -22,6 +28,7 @@ from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
 
 DEFAULT_TIMEOUT_S = 600.0
+_POLL_S = 0.2
 _MAIN_GUARD = re.compile(r"""if\s+__name__\s*==\s*['"]__main__['"]""")
 
 
@@ -55,9 +62,7 @@ def estimate_isolated(spec: TrainingSpec, timeout_s: float = DEFAULT_TIMEOUT_S) 
     process.start()
     sender.close()
     try:
-        if not receiver.poll(timeout_s):
-            raise TraceError(f"the isolated estimate did not finish in {timeout_s:g} s and was "
-                             "stopped (with every process it started)")
+        _wait_within_limits(receiver, process.pid, timeout_s, real_memory_cap_bytes())
         kind, payload = receiver.recv()
     except EOFError:
         process.join()
@@ -70,6 +75,42 @@ def estimate_isolated(spec: TrainingSpec, timeout_s: float = DEFAULT_TIMEOUT_S) 
     if kind == "error":
         raise TraceError(f"in the isolated process: {payload}")
     return payload
+
+
+def real_memory_cap_bytes() -> int:
+    """The resident memory an isolated estimate may use: half the RAM available now."""
+    return psutil.virtual_memory().available // 2
+
+
+def _wait_within_limits(receiver, pid: int, timeout_s: float, cap_bytes: int) -> None:
+    """Return when the child has an answer; raise when it runs past the time or memory cap."""
+    deadline = time.monotonic() + timeout_s
+    while not receiver.poll(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
+        if time.monotonic() >= deadline:
+            raise TraceError(f"the isolated estimate did not finish in {timeout_s:g} s and was "
+                             "stopped (with every process it started)")
+        used = _resident_bytes(pid)
+        if used > cap_bytes:
+            raise TraceError(
+                f"the isolated estimate held {used / 2**30:.2f} GiB of real memory, over its "
+                f"cap of {cap_bytes / 2**30:.2f} GiB (half the RAM available), and was stopped: "
+                "the model's code allocates real tensors outside the fake trace")
+
+
+def _resident_bytes(pid: int) -> int:
+    """RSS of a process and its descendants (0 once it is gone)."""
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
 
 
 def _kill_group(process) -> None:

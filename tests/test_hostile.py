@@ -167,8 +167,8 @@ def test_a_plot_that_cannot_be_written_still_prints_the_report(tmp_path, monkeyp
 
 
 def test_the_slurm_script_keeps_the_allocations_cpus_and_memory_per_cpu():
-    result = memcalc("plan", "--model", "resnet50", "--shape", "3,224,224", "--gpu", "A100-80GB",
-                     "--cpus", "4", "--mem-per-cpu", "1GB", "--emit", "slurm")
+    result = memcalc("plan", "--model", "tests.fixtures.hostile:tiny", *SPEC, "--gpu",
+                     "A100-80GB", "--cpus", "4", "--mem-per-cpu", "1GB", "--emit", "slurm")
     assert result.returncode == 0, result.stderr[-2000:]
     lines = dict(line.removeprefix("#SBATCH ").split("=", 1) for line in result.stdout.splitlines()
                  if line.startswith("#SBATCH --") and "=" in line)

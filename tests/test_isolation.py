@@ -80,3 +80,15 @@ def test_a_script_without_a_main_guard_is_told_how_to_fix_it(tmp_path):
                             cwd=root, timeout=300)
     assert result.returncode != 0
     assert "has no `if __name__ == \"__main__\":` guard" in result.stderr
+
+
+def test_an_isolated_estimate_is_stopped_at_its_real_memory_cap(monkeypatch):
+    cap = 512 << 20
+    monkeypatch.setattr("memcalc.isolation.real_memory_cap_bytes", lambda: cap)
+    started = time.monotonic()
+    with pytest.raises(TraceError, match=r"over its cap of 0.50 GiB") as stopped:
+        memcalc.estimate("tests.fixtures.hostile:hoarding", (8,), batch_size=2, isolate=True,
+                         timeout_s=120, machine=MACHINE)
+    held_gib = float(str(stopped.value).split("held ")[1].split(" GiB")[0])
+    assert 0.5 < held_gib < 1.5          # stopped soon after the cap, long before 4 GiB
+    assert time.monotonic() - started < 60
