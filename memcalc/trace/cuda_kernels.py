@@ -30,6 +30,13 @@ softmax (fp16, mixed)  ``native/SoftMax.cpp``: Half -> Float result via        s
                        ``half_to_float`` without a float32 copy (CUDA only)    (cuda_autocast)
 fused Adam/AdamW/SGD   ``native/cuda/fused_adam_impl.cu``: in place, no        modelled in
                        parameter-sized temporaries                             optimizers.py
+embedding backward     ``native/cuda/Embedding.cu``: over 3072 indices (or     substituted
+                       ``scale_grad_by_freq``) sorts them and reduces per      (cuda_embedding)
+                       segment: index copies and a float32 per-segment
+                       gradient beside the result; CPU accumulates in place
+cross_entropy          ``native/LossNLL.cpp``: composite (log_softmax then    same as CPU
+                       nll_loss) on both devices, label smoothing too; no
+                       fused CUDA kernel
 cuDNN batch norm       ``cudnn/BatchNorm.cpp``: fp32 save_mean/invstd (as     listed as
                        CPU) plus a reserve space and a backward workspace      unsupported
 cuDNN RNN/LSTM/GRU     ``cudnn/RNN.cpp``: reserve space, workspace, weight    listed as
@@ -175,5 +182,5 @@ def substituted_functions() -> list[str]:
     return sorted(function.__name__ for function in _SUBSTITUTES)
 
 
-# CUDA autocast's float32 and promote lists register themselves on import.
-from memcalc.trace import cuda_autocast  # noqa: E402,F401
+# CUDA autocast's float32 and promote lists and the embedding backward register on import.
+from memcalc.trace import cuda_autocast, cuda_embedding  # noqa: E402,F401
