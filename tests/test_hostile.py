@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
+import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -15,8 +17,29 @@ SPEC = ["--shape", "8", "--batch-size", "2", "--optimizer", "sgd"]
 
 
 def memcalc(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "memcalc", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=timeout)
+    """Run the real CLI; the result's ``mark`` is in the environment of every process the run
+    started, so ``left_behind`` finds them (and only them) afterwards."""
+    mark = uuid.uuid4().hex
+    result = subprocess.run([sys.executable, "-m", "memcalc", *args], capture_output=True,
+                            text=True, cwd=ROOT, timeout=timeout, stdin=subprocess.DEVNULL,
+                            env={**os.environ, _MARK: mark})
+    result.mark = mark
+    return result
+
+
+_MARK = "MEMCALC_HOSTILE_RUN"
+
+
+def left_behind(mark: str) -> list[str]:
+    """Processes still alive that a marked run started (children inherit the environment)."""
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if process.environ().get(_MARK) == mark and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(" ".join(process.info["cmdline"] or []))
+        except psutil.Error:
+            continue
+    return found
 
 
 def assert_one_error_line(result, code, *words):
@@ -26,6 +49,7 @@ def assert_one_error_line(result, code, *words):
     assert "Traceback" not in result.stderr and "Traceback" not in result.stdout
     for word in words:
         assert word in errors[0], errors[0]
+    assert not left_behind(result.mark)
     return errors[0]
 
 
@@ -97,18 +121,13 @@ def test_a_signal_while_user_code_runs_ends_cleanly(sent, code):
     assert "Traceback" not in stderr
 
 
-def _probe_processes() -> list[str]:
-    found = subprocess.run(["pgrep", "-f", "memcalc.host.probe"], capture_output=True, text=True)
-    return found.stdout.split()
-
-
 def test_a_dataset_that_prints_the_probes_protocol_is_measured_anyway():
     result = memcalc("host", "--dataset", "tests.fixtures.hostile:printing_dataset",
                      "--batch-size", "2", "--json", "--probe-seconds", "5")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["measurement"]["batch_bytes"] == 2 * 3 * 16 * 16 * 4
-    assert not _probe_processes()
+    assert not left_behind(result.mark)
 
 
 def test_a_dataset_that_hangs_is_stopped_at_its_deadline_and_killed():
@@ -117,14 +136,14 @@ def test_a_dataset_that_hangs_is_stopped_at_its_deadline_and_killed():
                      "--batch-size", "2", "--probe-seconds", "2")
     assert_one_error_line(result, 4, "gave no result within")
     assert time.monotonic() - started < 200
-    assert not _probe_processes()
+    assert not left_behind(result.mark)
 
 
 def test_a_dataset_that_raises_names_its_exception_and_line():
     result = memcalc("host", "--dataset", "tests.fixtures.hostile:raising_dataset",
                      "--batch-size", "2", "--probe-seconds", "5")
     assert_one_error_line(result, 4, "ValueError", "corrupt", "hostile.py:")
-    assert not _probe_processes()
+    assert not left_behind(result.mark)
 
 
 @pytest.mark.parametrize("model, words", [
