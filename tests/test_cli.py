@@ -346,3 +346,11 @@ def test_a_launch_file_from_a_static_plan_is_flagged_and_exits_fit_unknown():
     assert result.exit_code == 3        # a `plan --emit ... > job.sh && sbatch job.sh` stops
     assert result.stdout.startswith("#!/bin/bash")
     assert "FIT UNKNOWN (STATIC): STATIC ESTIMATE, NOT TRACED" in result.stderr
+
+
+def test_version_is_the_installed_distributions():
+    from importlib.metadata import version
+
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert result.stdout.strip() == f"memcalc, version {version('torch-memcalc')}"

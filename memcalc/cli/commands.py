@@ -37,6 +37,7 @@ UNTRACED_EXIT_CODE = 3
 
 
 @click.group()
+@click.version_option(package_name="torch-memcalc", prog_name="memcalc")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
 def main(ctx: click.Context, debug: bool) -> None:
