@@ -17,7 +17,7 @@ H100 = builtin_profile("h100-torch2.11-cu130.json")
 def test_cublas_workspace_sizes_follow_cublas_handle_pool():
     # 4096 KiB x 2 + 16 KiB x 8 before Hopper, 4096 x 8 KiB from compute capability 9.0
     assert cublas_workspace_bytes(find_gpu("A100-80GB")) == 4096 * 1024 * 2 + 16 * 1024 * 8 == 8_519_680
-    assert cublas_workspace_bytes(find_gpu("H100")) == 32 * MIB
+    assert cublas_workspace_bytes(find_gpu("H100-80GB")) == 32 * MIB
     assert cublas_workspace_bytes(None) == 8_519_680
 
 
@@ -33,7 +33,7 @@ def test_workspaces_share_one_20_mib_segment_before_hopper_and_take_two_on_hoppe
     pre_hopper = workspace_allocations(GENERIC, None, True)
     assert replay([], resident_bytes=pre_hopper).peak_reserved_bytes == 20 * MIB
     # 32 MiB requests are rounded to 2 MiB multiples: one segment each
-    hopper = workspace_allocations(GENERIC, find_gpu("H100"), True)
+    hopper = workspace_allocations(GENERIC, find_gpu("H100-80GB"), True)
     assert replay([], resident_bytes=hopper).peak_reserved_bytes == 64 * MIB
 
 

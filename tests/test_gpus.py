@@ -24,14 +24,22 @@ def test_rows_are_consistent(gpu):
     assert gpu.source
 
 
-@pytest.mark.parametrize("text, name", [("h100", "H100-80GB"), ("RTX 4090", "RTX-4090"),
+@pytest.mark.parametrize("text, name", [("h100 sxm", "H100-80GB"), ("RTX 4090", "RTX-4090"),
                                         ("a100_80gb", "A100-80GB"), ("3090", "RTX-3090")])
 def test_lookup_ignores_case_and_separators(text, name):
     assert find_gpu(text).name == name
 
 
+@pytest.mark.parametrize("text, choices", [("a100", "A100-40GB or A100-80GB"),
+                                           ("V100", "V100-16GB or V100-32GB"),
+                                           ("h100", "H100-80GB or H100-PCIe")])
+def test_a_name_that_fits_several_cards_asks_which(text, choices):
+    with pytest.raises(InputError, match=rf"GPU '{text}' is ambiguous: which one, {choices}\?"):
+        find_gpu(text)
+
+
 def test_unknown_gpu_lists_close_names():
-    with pytest.raises(InputError, match=r"unknown GPU 'a100'; did you mean A100-40GB, A100-80GB"):
-        find_gpu("a100")
+    with pytest.raises(InputError, match=r"unknown GPU 'a10o'; did you mean"):
+        find_gpu("a10o")
     with pytest.raises(InputError, match="known: T4"):
         find_gpu("zzz")

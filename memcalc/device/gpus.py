@@ -64,6 +64,10 @@ def find_gpu(name: str) -> GpuSpec:
     if wanted in by_key:
         return by_key[wanted]
     names = [gpu.name for gpu in gpu_catalog()]
+    variants = [gpu.name for gpu in gpu_catalog() if wanted and _key(gpu.name).startswith(wanted)]
+    if len(variants) > 1:
+        raise InputError(f"GPU {name!r} is ambiguous: which one, {' or '.join(variants)}? "
+                         "(see `memcalc gpus`)")
     close = [gpu.name for gpu in gpu_catalog()
              if wanted and any(wanted in _key(label) for label in (gpu.name, *gpu.aliases))]
     close += [match for match in difflib.get_close_matches(name, names, n=3, cutoff=0.4)
