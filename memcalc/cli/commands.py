@@ -65,6 +65,7 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
     batch; host RAM and the DataLoader workers that fit."""
     from memcalc.pipeline import estimate as run_estimate
     from memcalc.render.terminal import report_renderable
+    from memcalc.render.verdict import verdict_line
 
     def work():
         if plot_path:
@@ -73,6 +74,8 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
         spec = training_spec(options, loader, machine)
         with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
+        if not as_json:
+            echo(verdict_line(report))       # first, unwrapped: the answer to the question
         _show(report, as_json, partial(report_renderable, show_layers=show_layers))
         if plot_path:   # after the report is out: a failed write does not lose it
             plot_report(report, plot_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from html import escape
 
+from memcalc.render.verdict import verdict_line
 from memcalc.report.models import Report
 from memcalc.strategies.report import StrategyPlan
 from memcalc.units import format_bytes
@@ -28,7 +29,8 @@ def report_html(report: Report) -> str:
             "" if traced or device.capacity_bytes is None else
             " — <b style='color:orange'>fit unknown</b>")
     method = "traced" if traced else "<b style='color:orange'>STATIC ESTIMATE, not traced</b>"
-    parts = [f"<h4>memcalc: {escape(report.model.name)}, batch {device.batch_size}, "
+    parts = [f"<p><b>{escape(verdict_line(report))}</b></p>",
+             f"<h4>memcalc: {escape(report.model.name)}, batch {device.batch_size}, "
              f"{escape(report.spec.precision.value)} — peak {format_bytes(device.peak_bytes)}"
              f" ({method}){fits}</h4>"]
     rows = [[category.value, format_bytes(nbytes), f"{nbytes:,}"]

@@ -15,7 +15,7 @@ from memcalc.units import format_bytes, format_count
 
 
 def report_renderable(report: Report, show_layers: bool = False) -> Group:
-    """The estimate: head, breakdown, batch plan, top modules, static count, assumptions,
+    """The estimate (below its verdict line, ``render.verdict``): head, breakdown, batch plan, top modules, static count, assumptions,
     feeding and host RAM (and the torchinfo layer table with ``show_layers``)."""
     device, spec = report.device, report.spec
     label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
