@@ -17,7 +17,8 @@ from memcalc.device.static import layer_table, static_estimate
 from memcalc.dtypes import INPUT_DTYPES
 from memcalc.errors import InputError, TraceError
 from memcalc.feed.sizing import HostInputs, host_and_throughput
-from memcalc.host import WorkerMeasurement, measure_worker
+from memcalc.host import WorkerMeasurement, detect_machine, measure_worker
+from memcalc.host.specs import check_workers_within_cpus
 from memcalc.host.measure import Progress
 from memcalc.model.inputs import ModelInputs, family_of
 from memcalc.model.layout import CONV_TYPES, LayoutDecision
@@ -114,6 +115,8 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
     With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it).
     ``layer_tables``: torchinfo's tables kept across the estimates of one plan, which share
     them (see ``_layer_table``)."""
+    if spec.machine is None:      # checked now, not after the trace, on the detected machine
+        _workers_within_cpus(spec.loader, detect_machine())
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
     prepared = _prepare(spec, measurement, layer_tables)
@@ -128,6 +131,13 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
         spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
         prepared.target.gpu, measurement), progress)
     return _report(prepared, device, static, host, throughput)
+
+
+def _workers_within_cpus(loader, machine) -> None:
+    try:
+        check_workers_within_cpus(loader, machine)
+    except ValueError as error:
+        raise InputError(str(error)) from None
 
 
 def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, host,

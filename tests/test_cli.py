@@ -56,7 +56,7 @@ BAD_INVOCATIONS = {
     "gpu with a cpu device": (["--model", "mlp", "--gpu", "T4", "--device", "cpu"],
                               r"--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda"),
     "more workers than CPUs": (["--model", "mlp", "--num-workers", "9", "--cpus", "8",
-                                "--ram", "16GB"], r"--num-workers 9 is more than the 8 CPUs"),
+                                "--ram", "16GB"], r"num_workers 9 \(--num-workers\) is more than the 8 CPUs"),
 }
 
 # Other commands: full argument list, exit code, message.
@@ -123,7 +123,7 @@ HOST_BAD_INVOCATIONS = {
     "mem-per-cpu without cpus": (["--shape", "8", "--mem-per-cpu", "4GB"],
                                  r"--mem-per-cpu needs --cpus"),
     "more workers than CPUs": (["--shape", "8", "--cpus", "4", "--ram", "8GB",
-                                "--num-workers", "5"], r"--num-workers 5 is more than the 4 CPUs"),
+                                "--num-workers", "5"], r"num_workers 5 \(--num-workers\) is more than the 4 CPUs"),
     "zero CPUs": (["--shape", "8", "--cpus", "0"], r"'--cpus': 0 is not in the range x>=1"),
     "unimportable dataset": (["--dataset", "no_such_pkg.data:build"],
                              r"cannot import 'no_such_pkg.data' for dataset"),

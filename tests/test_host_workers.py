@@ -155,7 +155,7 @@ def test_samples_inside_glibcs_dynamic_threshold_are_flagged(monkeypatch):
 
 
 def test_more_workers_than_cpus_is_rejected():
-    with pytest.raises(ValidationError, match=r"--num-workers 65 is more than the 64 CPUs"):
+    with pytest.raises(ValidationError, match=r"num_workers 65 \(--num-workers\) is more than the 64 CPUs"):
         seed(num_workers=65)
 
 

@@ -79,8 +79,9 @@ def check_workers_within_cpus(loader: LoaderSpec, machine: MachineSpec | None) -
     """ValueError (a pydantic validation error in a spec) when more workers than CPUs are asked."""
     workers = loader.num_workers
     if machine is not None and workers is not None and workers > machine.cpus:
-        raise ValueError(f"--num-workers {workers} is more than the {machine.cpus} CPUs "
-                         "of the machine; use at most that many, or give --cpus")
+        raise ValueError(f"num_workers {workers} (--num-workers) is more than the "
+                         f"{machine.cpus} CPUs of the machine; use at most that many, or "
+                         "describe the training node (--cpus; machine={'cpus': N} in Python)")
 
 
 class HostSpec(BaseModel):
