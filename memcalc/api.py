@@ -71,16 +71,27 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
         return plan_spec(training_spec(name, sample_shape, gpu=gpu, **options), cluster)
 
 
-def plan_spec(spec: TrainingSpec, cluster: ClusterSpec) -> StrategyPlan:
-    """``plan`` for a spec and a cluster: every variant traced by ``memcalc.pipeline``."""
-    return plan_strategies(spec, cluster, pipeline_estimator())
+def plan_spec(spec: TrainingSpec, cluster: ClusterSpec,
+              on_variant: Callable[[TrainingSpec], None] | None = None) -> StrategyPlan:
+    """``plan`` for a spec and a cluster: every variant traced by ``memcalc.pipeline``;
+    ``on_variant`` is told of each variant before it is estimated (a progress display)."""
+    return plan_strategies(spec, cluster, pipeline_estimator(on_variant))
 
 
-def pipeline_estimator() -> VariantEstimator:
+def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None
+                       ) -> VariantEstimator:
     """The strategy planner's estimator for one plan: the pipeline's reports (sharing
     torchinfo's tables across the variants) and FLOPs, the model built on the meta device."""
-    return VariantEstimator(report=partial(estimate_spec, layer_tables={}),
-                            flops=training_step_flops, model=_meta_model)
+    report = partial(estimate_spec, layer_tables={})
+    if on_variant is not None:
+        report = partial(_announced, report, on_variant)
+    return VariantEstimator(report=report, flops=training_step_flops, model=_meta_model)
+
+
+def _announced(report: Callable[[TrainingSpec], Report],
+               on_variant: Callable[[TrainingSpec], None], spec: TrainingSpec) -> Report:
+    on_variant(spec)
+    return report(spec)
 
 
 def _meta_model(spec: TrainingSpec) -> nn.Module:

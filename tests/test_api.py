@@ -98,3 +98,19 @@ def test_api_arguments_are_checked_with_one_line_naming_the_parameter(options, m
 def test_plan_cluster_arguments_are_named_too():
     with pytest.raises(InputError, match=r"gpus_per_node=0"):
         memcalc.plan("mlp", (16,), gpu="T4", gpus=0)
+
+
+def test_plan_announces_every_variant_it_estimates_once():
+    from memcalc.api import plan_spec
+    from memcalc.specs import Precision, TrainingSpec
+    from memcalc.strategies import ClusterSpec
+
+    announced = []
+    spec = TrainingSpec(model="tests.fixtures.hostile:tiny", sample_shape=(8,), batch_size=2,
+                        optimizer="sgd", gpu="T4", machine={"cpus": 2, "ram_bytes": 8 << 30})
+    plan = plan_spec(spec, ClusterSpec(), announced.append)
+    assert any(variant.precision is not Precision.FP32 for variant in announced)
+    traced = [c for c in plan.candidates if c.method == "traced"]
+    assert len(traced) > 1
+    assert len(announced) == len(traced)              # one per traced variant, none twice
+    assert len({variant.model_dump_json() for variant in announced}) == len(announced)

@@ -17,6 +17,7 @@ from memcalc.cli.options import (
     loader_and_machine,
     model_options,
     training_spec,
+    variant_progress,
     worker_progress,
 )
 from memcalc.cli.calibrate import calibrate
@@ -155,7 +156,8 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
                               interconnect=interconnect, mfu=spec.feed.mfu,
                               gradient_as_bucket_view=bucket_view, strategy=forced,
                               max_gpus=max_gpus)
-        result = plan_spec(spec, cluster)
+        with variant_progress() as on_variant:
+            result = plan_spec(spec, cluster, on_variant)
         static = result.reason.startswith(STATIC_PLAN)
         if static:
             click.echo(f"FIT UNKNOWN (STATIC): {result.reason.split(': ')[0]}: this plan "

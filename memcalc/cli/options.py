@@ -89,20 +89,50 @@ def loader_and_machine(options: dict) -> tuple[LoaderSpec, MachineSpec]:
 
 
 @contextmanager
+def _spinner(description: str):
+    """A transient spinner with elapsed time on stderr (rich draws nothing when stderr is no
+    terminal); yields ``describe(text)``."""
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(description)
+        yield lambda text: progress.update(task, description=text)
+
+
+@contextmanager
 def worker_progress(enabled: bool):
     """A spinner on stderr while a real worker is measured; yields the progress callback."""
     if not enabled:
         yield None
         return
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-        task = progress.add_task("measuring a real DataLoader worker")
+    with _spinner("measuring a real DataLoader worker") as describe:
+        yield lambda batches, worker_bytes: describe(
+            f"measuring a real DataLoader worker: batch {batches}, worker "
+            f"{format_bytes(worker_bytes)}")
 
-        def update(batches: int, worker_bytes: int) -> None:
-            progress.update(task, description=f"measuring a real DataLoader worker: batch "
-                                              f"{batches}, worker {format_bytes(worker_bytes)}")
-        yield update
 
+@contextmanager
+def variant_progress():
+    """A spinner on stderr while ``plan`` estimates its variants; yields ``on_variant``."""
+    with _spinner("plan: estimating the job as given") as describe:
+        count = 0
+
+        def on_variant(spec: TrainingSpec) -> None:
+            nonlocal count
+            count += 1
+            describe(f"plan: variant {count}: {variant_label(spec)}")
+        yield on_variant
+
+
+def variant_label(spec: TrainingSpec) -> str:
+    """What a variant changes, in a few words."""
+    parts = [spec.precision.value]
+    parts += [name for name, on in (("checkpointing", spec.activation_checkpointing),
+                                    ("offloading", spec.offload_activations),
+                                    ("gradients kept", not spec.zero_grad_to_none)) if on]
+    if spec.spatial_parts > 1:
+        parts.append(f"{spec.spatial_parts} spatial parts")
+    parts.append(f"batch {spec.batch_size}" if spec.batch_size else "largest batch")
+    return ", ".join(parts)
 
 
 FEED_OPTIONS = [
