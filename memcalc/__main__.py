@@ -1,3 +1,3 @@
-from memcalc.cli.commands import main
+from memcalc.cli.entry import run
 
-main()
+run()

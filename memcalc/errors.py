@@ -85,8 +85,12 @@ def at_user_frame(error: BaseException) -> str:
 
 
 def first_line(error: BaseException, limit: int = 300) -> str:
-    """The first line of an exception's message, for a one-line error."""
-    lines = str(error).strip().splitlines()
+    """The first line of an exception's message, for a one-line error (also when the
+    exception's own ``__str__`` fails)."""
+    try:
+        lines = str(error).strip().splitlines()
+    except Exception:  # a user's exception whose __str__ raises
+        return "its message cannot be shown (its __str__ raises)"
     return lines[0][:limit] if lines else "no message"
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 import click
 
+from memcalc.cli.leftovers import leftovers_warning
 from memcalc.cli.types import FiniteFloatRange
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -86,8 +87,14 @@ def deadline(seconds: float, on_hard_stop: Callable[[str], None]) -> Iterator[No
         finished.set()
 
 
-def hard_exit(message: str, code: int) -> None:
-    """The last resort of the watchdog: one line on stderr and the exit code, from any thread."""
+def hard_exit(message: str, code: int, ended: int = 0) -> None:
+    """The last resort of the watchdog: one line on stderr (after the warning about the
+    ``ended`` processes the user's code left) and the exit code, from any thread."""
+    warning = f"{leftovers_warning(ended)}\n" if ended else ""
     with contextlib.suppress(OSError):
-        os.write(2, f"Error: {message}\n".encode())
-    os._exit(code)
+        os.write(2, f"\n{warning}Error: {message}\n".encode())
+    _REAL_EXIT(code)
+
+
+_REAL_EXIT = os._exit
+"""Saved at import: during a command ``os._exit`` is trapped (``memcalc.cli.traps``)."""

@@ -18,13 +18,27 @@ import click
 from pydantic import ValidationError
 
 from memcalc.cli.deadline import DeadlineExceeded, deadline, hard_exit, timeout_message, timeout_of
-from memcalc.cli.leftovers import become_subreaper, descendant_pids, end_new_descendants
+from memcalc.cli.leftovers import (
+    become_subreaper,
+    descendant_pids,
+    end_new_descendants,
+    leftovers_warning,
+)
 from memcalc.cli.output import contained_stdout
+from memcalc.cli.traps import (
+    HardExit,
+    end_forked_copy,
+    sigint_received,
+    stderr_at_line_start,
+    trapped,
+)
 from memcalc.errors import (
     InputError,
     MemcalcError,
     UserCodeError,
+    at_user_frame,
     dataloader_worker_failure,
+    first_line,
     user_frame,
 )
 
@@ -37,53 +51,58 @@ TERMINATED_EXIT_CODE = 143
 def run_guarded(ctx: click.Context, work) -> None:
     """Run ``work`` with the user's prints kept off stdout; turn every failure into one line
     and its exit code (``memcalc --debug`` re-raises instead); hold ``--timeout``; end the
-    processes the user's code left running."""
+    processes the user's code left running; catch what it does to the process (``traps``)."""
     debug = ctx.obj.get("debug")
     become_subreaper()
     before = descendant_pids()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        with contained_stdout(), deadline(timeout_of(ctx), partial(_hard_stop, before)):
+        with trapped(), contained_stdout(), deadline(timeout_of(ctx), partial(_hard_stop, before)):
             work()
-    except (MemcalcError, ValidationError) as error:
-        if debug:
+    except BaseException as error:   # SystemExit from sys.exit(code) of a command passes
+        if isinstance(error, SystemExit) or (debug and not isinstance(error, Terminated)):
             raise
-        _fail(_one_line(error), _code_of(error))
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        _fail("interrupted", INTERRUPTED_EXIT_CODE)
-    except Terminated:
-        _fail("terminated (SIGTERM)", TERMINATED_EXIT_CODE)
-    except DeadlineExceeded as error:
-        if debug:
-            raise
-        _fail(timeout_message(error.seconds), USER_CODE_EXIT_CODE)
-    except Exception as error:  # whatever the user's code or a dependency raises
-        if debug:
-            raise
-        worker = dataloader_worker_failure(error)
-        if worker:
-            _fail(worker, USER_CODE_EXIT_CODE)
-        where = user_frame(error.__traceback__)
-        message = f"{type(error).__name__}: {_one_line(error)}"
-        if where:
-            _fail(f"your code raised {message} at {where} (memcalc --debug shows the traceback)",
-                  USER_CODE_EXIT_CODE)
-        _fail(f"memcalc failed: {message} (memcalc --debug shows the traceback; please "
-              "report it)", INTERNAL_EXIT_CODE)
+        _fail(*_failure(error))
     finally:
+        end_forked_copy()
         signal.signal(signal.SIGTERM, previous)
-        ended = end_new_descendants(before)
-        if ended:
-            click.echo(f"Warning: ended {ended} process{'es' if ended > 1 else ''} that your "
-                       "code started and left running", err=True)
+        _warn_leftovers(end_new_descendants(before))
+
+
+def _failure(error: BaseException) -> tuple[str, int]:
+    """The one line and the exit code for an exception that ended a command."""
+    if isinstance(error, (MemcalcError, ValidationError)):
+        return _one_line(error), _code_of(error)
+    if isinstance(error, Terminated):
+        return "terminated (SIGTERM)", TERMINATED_EXIT_CODE
+    if isinstance(error, KeyboardInterrupt) and sigint_received():
+        return "interrupted", INTERRUPTED_EXIT_CODE
+    if isinstance(error, DeadlineExceeded):
+        return timeout_message(error.seconds), USER_CODE_EXIT_CODE
+    if isinstance(error, HardExit):
+        return (f"your code called os._exit({error.code}){at_user_frame(error)}; memcalc "
+                "stopped there", USER_CODE_EXIT_CODE)
+    worker = dataloader_worker_failure(error)
+    if worker:
+        return worker, USER_CODE_EXIT_CODE
+    where = user_frame(error.__traceback__)
+    message = f"{type(error).__name__}: {_one_line(error)}"
+    if where or not isinstance(error, Exception):     # KeyboardInterrupt raised, not sent
+        return (f"your code raised {message} at {where or 'an unknown place'} (memcalc --debug "
+                "shows the traceback)", USER_CODE_EXIT_CODE)
+    return (f"memcalc failed: {message} (memcalc --debug shows the traceback; please report "
+            "it)", INTERNAL_EXIT_CODE)
 
 
 def _hard_stop(before: set[int], message: str) -> None:
     """The main thread is stuck in C code past the deadline: end what it started, then exit."""
-    end_new_descendants(before)
-    hard_exit(message, USER_CODE_EXIT_CODE)
+    ended = end_new_descendants(before)
+    hard_exit(message, USER_CODE_EXIT_CODE, ended)
+
+
+def _warn_leftovers(ended: int) -> None:
+    if ended:
+        click.echo(leftovers_warning(ended), err=True)
 
 
 class Terminated(BaseException):
@@ -96,6 +115,9 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 
 def _fail(message: str, code: int) -> None:
+    end_forked_copy()
+    if not stderr_at_line_start():      # a prompt or progress text of the user's code
+        click.echo("", err=True)
     click.echo(f"Error: {message}", err=True)
     sys.exit(code)
 
@@ -112,5 +134,4 @@ def _one_line(error: Exception) -> str:
         field = ".".join(str(part) for part in first["loc"])
         message = first["msg"].removeprefix("Value error, ")
         return f"{field}: {message}" if field else message
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else "no message"
+    return first_line(error, limit=1000)

@@ -59,3 +59,8 @@ def _resource_tracker_pids() -> set[int]:
     tracker = sys.modules.get("multiprocessing.resource_tracker")
     pid = getattr(getattr(tracker, "_resource_tracker", None), "_pid", None)
     return {pid} if pid else set()
+
+
+def leftovers_warning(ended: int) -> str:
+    return (f"Warning: ended {ended} process{'es' if ended > 1 else ''} that your code started "
+            "and left running")

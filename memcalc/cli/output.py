@@ -16,11 +16,15 @@ from typing import TextIO
 
 import click
 
+from memcalc.cli.traps import end_forked_copy
+
 _STREAMS: list[TextIO] = []
 
 
 def out() -> TextIO:
-    """The command's standard output (the real one, while user code's goes to stderr)."""
+    """The command's standard output (the real one, while user code's goes to stderr); a copy
+    of memcalc forked by the user's code ends here instead of writing a second result."""
+    end_forked_copy()
     return _STREAMS[-1] if _STREAMS else sys.stdout
 
 
