@@ -39,7 +39,7 @@ def training_spec(name: str, sample_shape: tuple[int, ...] | None = None,
                   **options: Any) -> TrainingSpec:
     """The spec for a model name (see ``model_reference`` for model objects); a bad or
     unknown argument is one ``InputError`` naming it."""
-    shape = tuple(sample_shape) if sample_shape is not None else None
+    shape = _shape_tuple(sample_shape)
     try:
         return TrainingSpec(model=name, sample_shape=shape, **options)
     except ValidationError as error:
@@ -76,6 +76,16 @@ def plan_spec(spec: TrainingSpec, cluster: ClusterSpec,
     """``plan`` for a spec and a cluster: every variant traced by ``memcalc.pipeline``;
     ``on_variant`` is told of each variant before it is estimated (a progress display)."""
     return plan_strategies(spec, cluster, pipeline_estimator(on_variant))
+
+
+def _shape_tuple(sample_shape: Any) -> tuple[int, ...] | None:
+    """A per-sample shape as a tuple; a bare number or a string is refused, not unpacked."""
+    if sample_shape is None:
+        return None
+    if isinstance(sample_shape, (str, bytes)) or not hasattr(sample_shape, "__iter__"):
+        raise InputError(f"sample_shape={sample_shape!r}: give the per-sample shape as a tuple "
+                         f"of ints, e.g. ({sample_shape!s},) or (3, 224, 224)")
+    return tuple(sample_shape)
 
 
 def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None

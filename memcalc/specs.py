@@ -10,6 +10,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from memcalc.dtypes import INPUT_DTYPES
 from memcalc.host.specs import LoaderSpec, MachineSpec, check_workers_within_cpus
 
+MAX_BATCH_SIZE = 2**31 - 1
+"""The largest batch accepted: int32 indexing (and a sample count no node holds) above it."""
+
 class ModuleLoading(str, Enum):
     """``CUDA_MODULE_LOADING``: PyTorch ≥ 1.13 sets LAZY when CUDA ≥ 11.7 (pytorch#86509)."""
 
@@ -133,7 +136,7 @@ class TrainingSpec(BaseModel):
     """Plain keyword arguments of ``forward`` (``return_loss=True``...)."""
     boxes_per_image: int = Field(default=8, ge=1)
     """Detection models: ground-truth objects per image in the synthetic training targets."""
-    batch_size: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     """None: the planned largest batch when a GPU or memory is given, else 1."""
     loss: LossKind = LossKind.CROSS_ENTROPY
     optimizer: str = "adam"

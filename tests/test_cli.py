@@ -43,7 +43,7 @@ BAD_INVOCATIONS = {
                              r"resnet3d depth must be one of \[10, 18, 34, 50\]"),
     "float input to an embedding": (["--model", "gpt2", "--input-dtype", "float32"],
                                     r"token ids need an integer dtype.*use int64"),
-    "batch size zero": (["--model", "mlp", "--batch-size", "0"], r"0 is not in the range x>=1"),
+    "batch size zero": (["--model", "mlp", "--batch-size", "0"], r"0 is not in the range 1<=x<=2147483647"),
     "malformed model arg": (["--model", "mlp", "--model-arg", "depth"],
                             r"model argument must look like key=value"),
     "ambiguous gpu": (["--model", "mlp", "--gpu", "a100"],
@@ -99,7 +99,7 @@ COMMAND_BAD_INVOCATIONS = {
     "zero step time": (["feed", "--dataset", "a:b", "--step-time", "0"], 2,
                        r"'--step-time': 0.0 is not in the range x>0"),
     "negative worker count": (["feed", "--dataset", "a:b", "--step-time", "1", "--workers",
-                               "-1"], 2, r"--workers must be counts of 0 or more"),
+                               "-1"], 2, r"'--workers': counts must be 0 or more"),
     "unknown layout": (["estimate", "--model", "mlp", "--layout", "nhwc"], 2,
                        r"'--layout': 'nhwc' is not one of"),
     "spatial split of a transformer": (["estimate", "--model", "gpt2", "--spatial-parts", "2"],
@@ -289,7 +289,7 @@ def test_feed_compares_measured_and_predicted_utilization():
     assert 0.005 < check["seconds_per_sample"] < 0.02
     bad = CliRunner().invoke(main, ["feed", "--dataset", "x:y", "--step-time", "1",
                                     "--workers", "one"])
-    assert bad.exit_code == 2 and "--workers must be counts separated by commas" in bad.stderr
+    assert bad.exit_code == 2 and "'--workers': must be counts separated by commas" in bad.stderr
 
 
 def test_estimate_prints_the_feeding_verdict():

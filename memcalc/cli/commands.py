@@ -24,11 +24,10 @@ from memcalc.cli.calibrate import calibrate
 from memcalc.cli.deadline import timeout_option
 from memcalc.cli.guard import run_guarded as _run_guarded
 from memcalc.cli.output import echo, out
-from memcalc.cli.types import FiniteFloatRange, ShapeType, enum_choice
-from memcalc.errors import InputError
+from memcalc.cli.types import CountListType, FiniteFloatRange, ShapeType, enum_choice
 from memcalc.device.gpus import gpu_catalog
 from memcalc.render.plot import check_plot_path, plot_report
-from memcalc.specs import DeviceKind
+from memcalc.specs import MAX_BATCH_SIZE, DeviceKind
 from memcalc.strategies.specs import MAX_GPUS_PER_NODE, MAX_NODES, Interconnect, Strategy
 from memcalc.units import format_bytes, format_count
 from memcalc.model.zoo_catalog import zoo_rows
@@ -37,7 +36,7 @@ UNTRACED_EXIT_CODE = 3
 """``check`` and ``plan``: the step could not be traced, so whether it fits is unknown."""
 
 
-@click.group()
+@click.group(invoke_without_command=True)
 @click.version_option(package_name="torch-memcalc", prog_name="memcalc")
 @click.option("--debug", is_flag=True, help="Show tracebacks instead of one-line errors.")
 @click.pass_context
@@ -49,6 +48,11 @@ def main(ctx: click.Context, debug: bool) -> None:
     4 your code (builder, Dataset) failed, 70 memcalc failed, 130 interrupted, 143 terminated.
     """
     ctx.obj = {"debug": debug}
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_usage(), err=True)
+        click.echo("Error: no command given; `memcalc --help` lists them (estimate, check, "
+                   "plan, host, feed, …)", err=True)
+        ctx.exit(2)
 
 
 @main.command()
@@ -69,8 +73,7 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
     from memcalc.render.verdict import verdict_line
 
     def work():
-        if plot_path:
-            check_plot_path(plot_path)     # before the work, not after it
+        plot_target = None if plot_path is None else check_plot_path(plot_path)  # before work
         loader, machine = loader_and_machine(options)
         spec = training_spec(options, loader, machine)
         with worker_progress(loader.dataset is not None and not as_json) as progress:
@@ -78,8 +81,8 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
         if not as_json:
             echo(verdict_line(report))       # first, unwrapped: the answer to the question
         _show(report, as_json, partial(report_renderable, show_layers=show_layers))
-        if plot_path:   # after the report is out: a failed write does not lose it
-            plot_report(report, plot_path)
+        if plot_target:   # after the report is out: a failed write does not lose it
+            plot_report(report, plot_target)
             if not as_json:
                 echo(f"plot written to {plot_path}")
 
@@ -106,6 +109,8 @@ def check(ctx, as_json, **options) -> None:
         try:
             report = check_spec(spec)
         except MemoryBudgetError as error:
+            if as_json:
+                echo(error.report.model_dump_json(indent=2))
             click.echo(f"DOES NOT FIT: {str(error).removeprefix('does not fit: ')}", err=True)
             sys.exit(1)
         except UntracedEstimateError as error:
@@ -181,7 +186,8 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
 
 @main.command()
 @click.option("--shape", type=ShapeType(), help="Per-sample shape as the Dataset yields it.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1, max=MAX_BATCH_SIZE), default=1,
+              show_default=True)
 @click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True,
               help="Where training runs (cuda adds the CUDA host context and pinning).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
@@ -209,8 +215,9 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
 @click.option("--dataset", required=True, help="package.module:callable returning your Dataset.")
 @click.option("--step-time", type=FiniteFloatRange(min=0, min_open=True), required=True,
               help="Seconds the simulated GPU takes per batch.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--workers", "worker_list", default="0,1,2", show_default=True,
+@click.option("--batch-size", type=click.IntRange(min=1, max=MAX_BATCH_SIZE), default=1,
+              show_default=True)
+@click.option("--workers", "counts", type=CountListType(), default="0,1,2", show_default=True,
               help="Worker counts to run, comma separated.")
 @click.option("--batches", type=click.IntRange(min=2), default=20, show_default=True,
               help="Batches timed per worker count (after warm-up).")
@@ -218,20 +225,13 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
 @timeout_option
 @click.pass_context
-def feed(ctx, *, dataset, step_time, batch_size, worker_list, batches, cpus, as_json) -> None:
+def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, as_json) -> None:
     """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
     from memcalc.feed.check import feed_check
     from memcalc.host import LoaderSpec, detect_machine, measure_worker
     from memcalc.render.feed import feed_renderable
 
     def work():
-        try:
-            counts = sorted({int(part) for part in worker_list.split(",") if part.strip()})
-        except ValueError:
-            raise InputError(f"--workers must be counts separated by commas, got {worker_list!r}"
-                             ) from None
-        if not counts or counts[0] < 0:
-            raise InputError(f"--workers must be counts of 0 or more, got {worker_list!r}")
         with worker_progress(not as_json) as progress:
             sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
                                     progress=progress)

@@ -22,6 +22,7 @@ from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
 from memcalc.trace.optimizers import optimizer_names
 from memcalc.dtypes import DTYPES, INPUT_DTYPES
 from memcalc.specs import (
+    MAX_BATCH_SIZE,
     DeviceKind,
     FeedSpec,
     Layout,
@@ -178,7 +179,7 @@ MODEL_OPTIONS = [
                  help="Plain keyword argument of forward, e.g. return_loss=true (repeatable)."),
     click.option("--boxes-per-image", type=click.IntRange(min=1), default=8, show_default=True,
                  help="Detection models: objects per image in the synthetic training targets."),
-    click.option("--batch-size", type=click.IntRange(min=1),
+    click.option("--batch-size", type=click.IntRange(min=1, max=MAX_BATCH_SIZE),
                  help="Batch to report [default: the planned largest with --gpu/--gpu-memory, else 1]."),
     click.option("--loss", type=enum_choice(LossKind), default="cross-entropy", show_default=True,
                  help="'model': the model computes its own loss (Hugging Face given labels, "

@@ -44,6 +44,24 @@ class ShapeType(click.ParamType):
         return dims
 
 
+class CountListType(click.ParamType):
+    """``0,1,2`` → [0, 1, 2]: counts of 0 or more, comma separated, none empty, sorted."""
+
+    name = "counts"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, list):
+            return value
+        try:
+            counts = sorted({int(part.strip()) for part in str(value).split(",")})
+        except ValueError:
+            self.fail(f"must be counts separated by commas (e.g. 0,1,2), got {value!r}",
+                      param, ctx)
+        if counts[0] < 0:
+            self.fail(f"counts must be 0 or more, got {value!r}", param, ctx)
+        return counts
+
+
 class InputType(click.ParamType):
     """``attention_mask=512:int64`` → ("attention_mask", {"shape": (512,), "dtype": "int64"});
     the shape is per sample (``labels=:int64`` for one value per sample), dtype float32 if

@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import utilization
-from memcalc.model.user_code import import_callable
+from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
 
@@ -58,11 +58,12 @@ def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
                seconds_per_sample: float, cpus: int, batches: int = 20,
                progress: Callable[[int], None] | None = None) -> FeedCheck:
-    dataset = import_callable(reference, "dataset")()
+    dataset = load_dataset(reference)
     needed = (WARMUP_BATCHES + max(worker_counts) + batches) * batch_size
     if len(dataset) < needed:
         raise InputError(f"dataset {reference!r} has {len(dataset)} samples; the check needs "
-                         f"{needed} (batches × batch size); lower --batches")
+                         f"{needed} ((warm-up + largest --workers + --batches) × batch size); "
+                         "lower --batches or --workers")
     rows = []
     for workers in worker_counts:
         rows.append(FeedRow(

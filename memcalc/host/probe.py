@@ -20,16 +20,21 @@ import statistics
 import sys
 import threading
 import time
-import traceback
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from memcalc.errors import InputError, dataloader_worker_failure, user_frame
+from memcalc.errors import (
+    InputError,
+    UserCodeError,
+    at_user_frame,
+    dataloader_worker_failure,
+    first_line,
+)
 from memcalc.host.procmem import process_memory
-from memcalc.model.user_code import import_callable
+from memcalc.model.user_code import load_dataset
 
 SAMPLE_INTERVAL_S = 0.003
 MIN_BATCHES = 18
@@ -120,7 +125,7 @@ def _plateaued(series: list[int]) -> bool:
 def probe(config: dict[str, Any]) -> dict[str, Any]:
     pid = os.getpid()
     before = process_memory(pid).pss_private_bytes
-    dataset = import_callable(config["dataset"], "dataset")()
+    dataset = load_dataset(config["dataset"])
     _emit("started")
     main_bytes = process_memory(pid).pss_private_bytes
     dataset_bytes = max(0, main_bytes - before)
@@ -179,12 +184,16 @@ def main() -> None:
     except InputError as error:   # bad reference, or no tensor in the sample
         _emit("input_error", message=str(error).splitlines()[0])
         sys.exit(2)
+    except SystemExit as error:      # sys.exit in the Dataset's code (in this process)
+        _emit("error", message=f"your Dataset called sys.exit({error.code!r})"
+                               f"{at_user_frame(error)}")
+        sys.exit(3)
+    except UserCodeError as error:   # already names the user's file:line
+        _emit("error", message=first_line(error, limit=1000))
+        sys.exit(3)
     except Exception as error:   # the user's Dataset can raise anything; report it in one line
-        where = user_frame(error.__traceback__) or "{}:{}".format(
-            *traceback.extract_tb(error.__traceback__)[-1][:2])
-        first = str(error).splitlines()[0] if str(error) else ""
         _emit("error", message=dataloader_worker_failure(error)
-              or f"{type(error).__name__}: {first} (at {where})")
+              or f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}")
         sys.exit(3)
 
 

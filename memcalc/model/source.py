@@ -18,6 +18,7 @@ from memcalc.errors import (
     UserCodeError,
     at_user_frame,
     first_line,
+    user_frame,
 )
 from memcalc.model.build import build_with_meta_states, states_to_meta
 from memcalc.model.user_code import import_callable
@@ -42,7 +43,11 @@ class ModelSource:
             model = build_with_meta_states(self.factory, self.kwargs)
         except MemcalcError:
             raise
-        except (TypeError, ValueError) as error:   # the builder refused what it was given
+        except (TypeError, ValueError) as error:   # the builder refused what it was given...
+            if isinstance(error, TypeError) and user_frame(error.__traceback__):
+                raise UserCodeError(     # ...unless a TypeError comes from inside its body
+                    f"model {self.name!r} failed to build: {type(error).__name__}: "
+                    f"{first_line(error)}{at_user_frame(error)}") from error
             raise ModelSourceError(f"model {self.name!r} rejected its arguments: "
                                    f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}"
                                    ) from error

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from torch.utils.data import IterableDataset
+
 from memcalc.errors import InputError, UserCodeError, at_user_frame, first_line
 
 
@@ -55,3 +57,20 @@ def _import_users_module(module_name: str, reference: str, what: str,
         raise UserCodeError(f"importing {what} module {module_name!r} raised "
                             f"{type(failure).__name__}: {first_line(failure)}"
                             f"{at_user_frame(failure)}") from failure
+
+
+def load_dataset(reference: str) -> Any:
+    """Build the user's Dataset from ``package.module:callable`` and check it is one memcalc
+    can measure: map-style (``__getitem__`` and ``__len__``) and not empty."""
+    dataset = import_callable(reference, "dataset")()
+    kind = type(dataset).__name__
+    if isinstance(dataset, IterableDataset):
+        raise InputError(f"dataset {reference!r} is an IterableDataset ({kind}); memcalc "
+                         "measures map-style Datasets (__getitem__ and __len__): give one, "
+                         "or --shape for the arithmetic")
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise InputError(f"dataset {reference!r} returned {kind}, not a Dataset; the callable "
+                         "must build and return one (with __getitem__ and __len__)")
+    if len(dataset) == 0:
+        raise InputError(f"dataset {reference!r} has 0 samples; give one with data")
+    return dataset

@@ -19,18 +19,21 @@ PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def check_plot_path(path: str | Path) -> Path:
-    """The plot's path, refused before any work when it cannot be written: an unsupported
-    suffix, a missing or read-only directory."""
+    """The plot's path made absolute (the user's code may change the working directory),
+    refused before any work when it cannot be written: an unsupported suffix, a missing or
+    read-only directory."""
     target = Path(path)
     if target.suffix.lower() not in PLOT_SUFFIXES:
         raise InputError(f"--plot {str(path)!r}: name a .png, .pdf or .svg file")
     folder = target.parent if str(target.parent) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--plot {str(path)!r}: {str(folder)!r} is a file, not a folder")
     if not folder.is_dir():
         raise InputError(f"--plot {str(path)!r}: folder {str(folder)!r} does not exist; "
                          "create it first")
     if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
         raise InputError(f"--plot {str(path)!r}: not writable here; choose another path")
-    return target
+    return target.absolute()
 
 
 def plot_report(report: Report, path: str | Path | None = None):
