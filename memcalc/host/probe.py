@@ -40,6 +40,11 @@ SAMPLE_INTERVAL_S = 0.003
 MIN_BATCHES = 18
 PLATEAU_WINDOW = 6
 PLATEAU_TOLERANCE = 0.02
+TIMING_BATCHES = 16
+"""Batches timed after the memory phase, with the memory sampler stopped: its polling takes
+CPU from the worker on a small or busy machine, which would make samples look slower."""
+TIMING_SHARE = 0.25
+"""The timing phase's time budget, as a share of --probe-seconds (at most 5 s)."""
 
 
 _EVENTS: list[Any] = [sys.stdout]
@@ -103,6 +108,18 @@ class _WorkerWatch:
         return peak
 
 
+def _timed_arrivals(batches, seconds: float) -> list[float]:
+    """Arrival times of up to TIMING_BATCHES more batches, nothing else running beside them
+    (empty at the dataset's end)."""
+    arrivals, deadline = [time.monotonic()], time.monotonic() + seconds
+    for batch in itertools.islice(batches, TIMING_BATCHES):
+        del batch
+        arrivals.append(time.monotonic())
+        if arrivals[-1] > deadline:
+            break
+    return arrivals
+
+
 def _worker_share(pid: int) -> int:
     """The worker's PSS share of pages it still shares with the main process."""
     try:
@@ -142,7 +159,8 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     watch.thread.start()
     series, arrivals, batch_bytes = [], [], 0
     deadline, stopped_by = time.monotonic() + config["seconds"], "dataset end"
-    for index, batch in enumerate(loader):
+    batches = iter(loader)
+    for index, batch in enumerate(batches):
         arrivals.append(time.monotonic())
         batch_bytes = max(batch_bytes, sum(t.nbytes for t in _tensors(batch)))
         del batch
@@ -157,8 +175,11 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
             stopped_by = "budget"
             break
     watch.stop = True
-    del loader
-    intervals = [b - a for a, b in itertools.pairwise(arrivals[1:])] or [0.0]
+    watch.thread.join()
+    timed = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]))
+    del batches, loader
+    intervals = ([b - a for a, b in itertools.pairwise(timed)] if len(timed) > 3 else
+                 [b - a for a, b in itertools.pairwise(arrivals[1:])]) or [0.0]
     half = series[len(series) // 2:]
     slope = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else 0.0
     return {
