@@ -23,6 +23,7 @@ import time
 import psutil
 
 from memcalc.errors import InputError, TraceError, UserCodeError
+from memcalc.host.procmem import tree_pids
 from memcalc.model.source import OBJECT_PREFIX
 from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
@@ -99,17 +100,10 @@ def _wait_within_limits(receiver, pid: int, timeout_s: float, cap_bytes: int) ->
 
 def _resident_bytes(pid: int) -> int:
     """RSS of a process and its descendants (0 once it is gone)."""
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return 0
     total = 0
-    for process in processes:
-        try:
-            total += process.memory_info().rss
-        except psutil.Error:
-            pass
+    for member in tree_pids(pid):
+        with contextlib.suppress(psutil.Error):
+            total += psutil.Process(member).memory_info().rss
     return total
 
 

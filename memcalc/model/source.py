@@ -43,22 +43,16 @@ class ModelSource:
             model = build_with_meta_states(self.factory, self.kwargs)
         except MemcalcError:
             raise
-        except (TypeError, ValueError) as error:   # the builder refused what it was given...
-            if isinstance(error, TypeError) and user_frame(error.__traceback__):
-                raise UserCodeError(     # ...unless a TypeError comes from inside its body
-                    f"model {self.name!r} failed to build: {type(error).__name__}: "
-                    f"{first_line(error)}{at_user_frame(error)}") from error
-            raise ModelSourceError(f"model {self.name!r} rejected its arguments: "
-                                   f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}"
-                                   ) from error
         except SystemExit as error:
             raise UserCodeError(f"model {self.name!r}: its builder called sys.exit"
                                 f"({error.code!r}){at_user_frame(error)}; it must return the model"
                                 ) from error
         except Exception as error:  # the user's builder may raise anything
-            raise UserCodeError(f"model {self.name!r} failed to build: "
-                                f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}"
-                                ) from error
+            raised = f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}"
+            if _refused_arguments(error):
+                raise ModelSourceError(f"model {self.name!r} rejected its arguments: {raised}"
+                                       ) from error
+            raise UserCodeError(f"model {self.name!r} failed to build: {raised}") from error
         if not isinstance(model, nn.Module):
             raise ModelSourceError(
                 f"{self.name!r} returned {type(model).__name__}, not a torch.nn.Module; "
@@ -75,6 +69,13 @@ class ModelSource:
             except Exception:  # deepcopy of user objects (locks, generators) may fail
                 return self.build_meta()
         return copy_of_model
+
+
+def _refused_arguments(error: Exception) -> bool:
+    """A builder refusing what it was given: a ValueError, or a TypeError from the call itself
+    (a TypeError raised inside the builder's body is a bug in it)."""
+    return isinstance(error, ValueError) or (isinstance(error, TypeError)
+                                             and user_frame(error.__traceback__) is None)
 
 
 _OBJECTS: dict[str, Any] = {}
