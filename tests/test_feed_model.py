@@ -17,8 +17,23 @@ def test_utilization_closed_forms():
     assert utilization(0, 0.03, 0.04, cpus=8) == pytest.approx(0.03 / 0.07)
     assert utilization(1, 0.03, 0.04, cpus=8) == pytest.approx(0.75)
     assert utilization(2, 0.03, 0.04, cpus=8) == 1.0
-    assert utilization(8, 0.01, 0.2, cpus=2) == pytest.approx(2 * 0.01 / 0.2)   # CPUs cap
     assert utilization(4, 0.01, 0.01, cpus=8, pin_s=0.02) == pytest.approx(0.5)  # pin thread
+
+
+def test_more_runnable_processes_than_cores_share_them():
+    # 8 workers and a sleeping main process on 2 cores: each worker gets a quarter core
+    assert utilization(8, 0.01, 0.2, cpus=2, main_busy=0) == pytest.approx(8 * 0.25 * 0.05)
+    # the main process spins a core while the GPU is busy (share u): u = 8·2/(8+u)·0.05,
+    # the positive root of u² + 8u − 0.8
+    assert utilization(8, 0.01, 0.2, cpus=2) == pytest.approx((-8 + math.sqrt(64 + 3.2)) / 2)
+    # one other busy core on 2: two workers and a sleeping main get 2/3 of a core each
+    assert utilization(2, 0.01, 0.04, cpus=2, main_busy=0, other_busy_cpus=1) == \
+        pytest.approx(2 * (2 / 3) * 0.25)
+    # without workers the main process builds on its own core unless others crowd it
+    assert utilization(0, 0.01, 0.04, cpus=2, other_busy_cpus=3) == \
+        pytest.approx(0.01 / (0.01 + 0.04 * 2))
+    # spare cores: a spinning main process costs the workers nothing
+    assert utilization(2, 0.03, 0.04, cpus=4) == utilization(2, 0.03, 0.04, cpus=4, main_busy=0)
 
 
 def test_smallest_worker_count_reaching_95_percent():
@@ -33,7 +48,8 @@ def test_too_few_cpus_is_a_cpu_bound_verdict_with_advice():
     report = feeding_report(0.01, "given", 0.3, "given", max_workers=2, cpus=2,
                             batch_bytes=1 << 20, pin_memory=False)
     assert report.bound == "cpu" and report.num_workers == 2
-    assert report.expected_gpu_utilization == pytest.approx(2 * 0.01 / 0.3)
+    # two workers and the spinning main process share 2 cores: u = 2·2/(2+u)·(0.01/0.3)
+    assert report.expected_gpu_utilization == pytest.approx((-2 + math.sqrt(4 + 16 / 30)) / 2)
     assert "CPU-bound: 29 workers" in report.advice[0]
     io = feeding_report(0.01, "given", 0.3, "read bandwidth", max_workers=2, cpus=2,
                         batch_bytes=1 << 20, pin_memory=False)

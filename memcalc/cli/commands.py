@@ -222,10 +222,15 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
 @click.option("--batches", type=click.IntRange(min=2), default=20, show_default=True,
               help="Batches timed per worker count (after warm-up).")
 @click.option("--cpus", type=click.IntRange(min=1), help="CPUs [default: detected].")
+@click.option("--consumer", type=click.Choice(["spin", "sleep"]), default="spin",
+              show_default=True,
+              help="How the simulated step passes its time: spin a core (a training process "
+                   "waiting on CUDA) or sleep.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON result.")
 @timeout_option
 @click.pass_context
-def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, as_json) -> None:
+def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer,
+         as_json) -> None:
     """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
     from memcalc.feed.check import feed_check
     from memcalc.host import LoaderSpec, detect_machine, measure_worker
@@ -237,7 +242,8 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, as_json)
                                     progress=progress)
             result = feed_check(dataset, batch_size, step_time, counts,
                                 seconds_per_sample=sample.seconds_per_sample,
-                                cpus=cpus or detect_machine().cpus, batches=batches)
+                                cpus=cpus or detect_machine().cpus, batches=batches,
+                                consumer=consumer)
         _show(result, as_json, feed_renderable)
 
     _run_guarded(ctx, work)

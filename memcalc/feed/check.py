@@ -1,5 +1,8 @@
-"""``memcalc feed``: the real DataLoader against a simulated consumer that sleeps for the
-step time, measured GPU utilisation per worker count next to the feeding model's."""
+"""``memcalc feed``: the real DataLoader against a simulated GPU step, measured GPU
+utilisation per worker count next to the feeding model's, on this machine as loaded now.
+
+The simulated step either sleeps (a process that waits without using a core) or spins for
+the step time (a training process whose CUDA synchronisation spin-waits, the default)."""
 
 from __future__ import annotations
 
@@ -11,9 +14,12 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import utilization
+from memcalc.host.machine import busy_cpus
 from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
+CONSUMERS = {"sleep": 0.0, "spin": 1.0}
+"""Simulated step kinds → the share of the step the main process keeps a core busy."""
 
 
 class FeedRow(BaseModel):
@@ -35,44 +41,62 @@ class FeedCheck(BaseModel):
     seconds_per_sample: float
     """From a separate real-worker measurement (``memcalc.host.probe``)."""
     cpus: int
+    consumer: str
+    """How the simulated step passes its time: ``sleep`` or ``spin``."""
+    other_busy_cpus: float
+    """Cores other processes kept busy just before the check (the model shares the CPUs)."""
     rows: list[FeedRow]
 
 
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+_STEPS = {"sleep": time.sleep, "spin": _spin}
+
+
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
-                         batches: int) -> float:
-    """Share of wall time the simulated GPU (a sleep per batch) is busy, after warm-up."""
+                         batches: int, consumer: str = "sleep") -> float:
+    """Share of wall time the simulated GPU (one step per batch) is busy, after warm-up."""
+    step = _STEPS[consumer]
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False)
     iterator = iter(loader)
     for _ in range(WARMUP_BATCHES + workers):     # worker start-up and queue fill
         next(iterator)
-        time.sleep(step_s)
+        step(step_s)
     start = time.perf_counter()
     for _ in range(batches):
         next(iterator)
-        time.sleep(step_s)
+        step(step_s)
     elapsed = time.perf_counter() - start
     del iterator
     return batches * step_s / elapsed
 
 
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
-               seconds_per_sample: float, cpus: int, batches: int = 20,
+               seconds_per_sample: float, cpus: int, batches: int = 20, consumer: str = "spin",
                progress: Callable[[int], None] | None = None) -> FeedCheck:
+    if consumer not in CONSUMERS:
+        raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
     dataset = load_dataset(reference)
     needed = (WARMUP_BATCHES + max(worker_counts) + batches) * batch_size
     if len(dataset) < needed:
         raise InputError(f"dataset {reference!r} has {len(dataset)} samples; the check needs "
                          f"{needed} ((warm-up + largest --workers + --batches) × batch size); "
                          "lower --batches or --workers")
-    rows = []
+    rows, others = [], busy_cpus()
     for workers in worker_counts:
         rows.append(FeedRow(
             num_workers=workers,
-            predicted_gpu_utilization=utilization(workers, step_s, seconds_per_sample * batch_size,
-                                                  cpus),
+            predicted_gpu_utilization=utilization(
+                workers, step_s, seconds_per_sample * batch_size, cpus,
+                main_busy=CONSUMERS[consumer], other_busy_cpus=others),
             measured_gpu_utilization=measured_utilization(dataset, batch_size, workers, step_s,
-                                                          batches)))
+                                                          batches, consumer)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
-                     seconds_per_sample=seconds_per_sample, cpus=cpus, rows=rows)
+                     seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
+                     other_busy_cpus=others, rows=rows)

@@ -4,8 +4,18 @@ Workers build batches in parallel, one at a time each, so W workers deliver W ba
 batch-build time; prefetching only absorbs jitter. With no workers the main process builds
 each batch between steps. The pin-memory copy is serial in the main process's pin thread.
 
-    utilisation(0) = step / (step + build)
-    utilisation(W) = min(1, min(W, CPUs) × step / build, step / pin_copy)
+The CPUs are shared the way Linux's scheduler shares them: every runnable process gets an
+equal part, at most one core. Runnable are the W workers, other load on the machine (busy
+cores, measured by ``memcalc feed``; none on a dedicated training node) and the training
+process itself for the share ``main_busy`` of a step it keeps a core busy: ``1`` for a real
+GPU job (kernel launches, then CUDA's default synchronisation spins while the GPU works:
+``cudaDeviceScheduleAuto`` spins when there are fewer CUDA contexts than cores), ``0`` for a
+consumer that sleeps. With u the GPU-busy share:
+
+    share(n)       = min(1, C / n)                       n runnable processes on C cores
+    utilisation(0) = step / (step + build / share(1 + other) + pin)
+    utilisation(W) = u solving u = min(1, W × share(W + other + main_busy × u) × step / build,
+                                       step / pin)
 """
 
 from __future__ import annotations
@@ -17,6 +27,9 @@ from pydantic import BaseModel, ConfigDict
 TARGET_UTILIZATION = 0.95
 PIN_COPY_BYTES_PER_S = 8e9
 """Pageable → pinned host copy, one thread (memcpy bandwidth of one core)."""
+GPU_JOB_MAIN_BUSY = 1.0
+"""Share of a step a real GPU training process keeps one core busy (see the module text)."""
+_BISECTIONS = 50
 
 
 class WorkerUtilization(BaseModel):
@@ -48,13 +61,34 @@ class ThroughputReport(BaseModel):
     assumptions: list[str]
 
 
-def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: float = 0.0
-                ) -> float:
+def cpu_share(runnable: float, cpus: int) -> float:
+    """The part of a core each of ``runnable`` busy processes gets on ``cpus`` cores."""
+    return min(1.0, cpus / runnable) if runnable > 0 else 1.0
+
+
+def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: float = 0.0, *,
+                main_busy: float = GPU_JOB_MAIN_BUSY, other_busy_cpus: float = 0.0) -> float:
+    """Share of wall time the GPU is busy with ``workers`` DataLoader workers (module text).
+
+    ``load_s`` is one worker's time for one batch on a core of its own."""
     if workers == 0:
-        return step_s / (step_s + load_s + pin_s)
-    parallel = min(workers, cpus)
-    bounds = [1.0, parallel * step_s / load_s] + ([step_s / pin_s] if pin_s else [])
-    return min(bounds)
+        build_s = load_s / cpu_share(1 + other_busy_cpus, cpus)
+        return step_s / (step_s + build_s + pin_s)
+
+    def sustained(busy: float) -> float:
+        share = cpu_share(workers + other_busy_cpus + main_busy * busy, cpus)
+        bounds = [1.0, workers * share * step_s / load_s] + ([step_s / pin_s] if pin_s else [])
+        return min(bounds)
+
+    # sustained() falls as the GPU-busy share rises (a busier main process takes more CPU):
+    # the one fixed point lies between 0 and 1
+    if sustained(1.0) >= 1.0:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(_BISECTIONS):
+        middle = (low + high) / 2
+        low, high = (middle, high) if sustained(middle) > middle else (low, middle)
+    return (low + high) / 2
 
 
 def feeding_report(step_s: float, step_source: str, load_s: float, load_source: str, *,
@@ -79,8 +113,9 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
         assumptions=[
             "workers build batches in parallel, one each at a time; prefetch absorbs jitter "
             "only; with 0 workers loading and the step alternate",
-            f"at most {cpus} workers run at once (CPUs); the main process's own CPU use "
-            "(kernel launches) is not subtracted",
+            f"{cpus} CPUs shared equally by the workers and the training process, which keeps "
+            "one core busy while its step runs (kernel launches, then CUDA's spin-wait "
+            "synchronisation); no other load on the node",
             "pin-memory copy at 8 GB/s in one thread" if pin_memory else "no pinning",
         ])
 

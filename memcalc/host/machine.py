@@ -121,3 +121,24 @@ def _tmpfs_size(path: Path) -> int | None:
     except OSError:
         return None
     return stats.f_blocks * stats.f_frsize or None
+
+
+def busy_cpus(seconds: float = 0.5) -> float:
+    """Cores kept busy over ``seconds`` among those this process may use (``/proc/stat``,
+    scaled by the affinity share of the machine's cores; this process sleeps meanwhile, so it
+    is everything else's load), 0 where it cannot be read."""
+    import time
+
+    def totals() -> tuple[int, int]:
+        with open("/proc/stat") as stat:
+            ticks = [int(field) for field in stat.readline().split()[1:]]
+        return sum(ticks), ticks[3] + ticks[4]     # all, idle + iowait
+
+    try:
+        (total_0, idle_0), _ = totals(), time.sleep(seconds)
+        total_1, idle_1 = totals()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    if total_1 <= total_0:
+        return 0.0
+    return max(0.0, _cpu_count(Path("/")) * (1 - (idle_1 - idle_0) / (total_1 - total_0)))
