@@ -25,7 +25,7 @@ from memcalc.report.assumptions import TRACE_FAILED_PREFIX
 from memcalc.report.models import Report
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, StrategyPlan, VariantEstimator, plan_strategies
-from memcalc.units import format_bytes
+from memcalc.units import counted, format_bytes
 
 ModelLike = str | nn.Module | Callable[..., nn.Module]
 FIXES_SHOWN = 3
@@ -161,10 +161,10 @@ def _problems(report: Report) -> list[str]:
             f"{format_bytes(device.plan.usable_bytes)} usable"
             + (f" (largest batch that fits: {largest})" if largest else " (not even batch 1 fits)"))
     if host is not None and not host.fits:
-        problems.append(f"{host.num_workers} DataLoader workers need "
+        problems.append(f"{counted(host.num_workers, 'DataLoader worker')} need "
                         f"{format_bytes(host.peak_bytes)} of host RAM, "
                         f"{format_bytes(host.usable_bytes)} usable (at most "
-                        f"{host.max_num_workers} workers fit)")
+                        f"{counted(host.max_num_workers, 'worker')} fit)")
     return problems
 
 

@@ -28,6 +28,11 @@ def format_count(count: int) -> str:
     return str(count)
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """``counted(1, "worker") == '1 worker'``, ``counted(2, "worker") == '2 workers'``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {plural or noun + 's'}"
+
+
 MAX_SIZE_BYTES = 1 << 60
 """1 EiB: larger sizes are typing mistakes (and overflow int64 byte arithmetic)."""
 _SIZE_FACTORS = {

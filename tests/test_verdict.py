@@ -1,5 +1,5 @@
-"""The first line of ``memcalc estimate``: the verdict agrees with the report under it and
-with the GPU catalog, and fits an 80-column line for the usual sizes."""
+"""The first line of every command: the verdict agrees with the report under it (and with
+the GPU catalog), and fits an 80-column line for the usual sizes."""
 
 import json
 
@@ -8,6 +8,9 @@ from click.testing import CliRunner
 
 from memcalc.cli.commands import main
 from memcalc.device.gpus import gpu_catalog
+from memcalc.feed.check import FeedCheck, FeedRow
+from memcalc.render.plan import short_label
+from memcalc.render.verdict import feed_verdict
 from memcalc.units import format_bytes
 
 TINY = ["--model", "mlp", "--model-arg", "in_features=64", "--model-arg", "hidden=128",
@@ -67,3 +70,45 @@ def test_a_static_estimate_never_reads_as_a_fit():
     assert report["device"]["method"] == "static"
     assert line.startswith("FIT UNKNOWN (STATIC): batch 2 needs ")
     assert "FITS" not in line
+
+
+def _first_line_and_json(command, args):
+    shown = CliRunner().invoke(main, [command, *args], terminal_width=80)
+    as_json = CliRunner().invoke(main, [command, *args, "--json"])
+    assert shown.exit_code == as_json.exit_code == 0, shown.stderr
+    return shown.stdout.splitlines(), json.loads(as_json.stdout)
+
+
+def test_plan_opens_with_the_recommendation_and_reads_at_80_columns():
+    lines, plan = _first_line_and_json("plan", [*TINY, "--gpu", "T4", "--gpus", "4", "--cpus",
+                                               "8", "--ram", "64GB"])
+    chosen = next(c for c in plan["candidates"] if c["label"] == plan["recommended"])
+    assert lines[0].startswith(f"PLAN: {short_label(chosen['label'])} on {chosen['gpus']} GPU")
+    assert (f"batch {chosen['max_batch_size']}/GPU needs "
+            f"{format_bytes(chosen['per_gpu_peak_bytes'])} / "
+            f"{format_bytes(plan['usable_bytes'])} usable") in lines[0]
+    assert all(len(line) <= 80 for line in lines[1:]) and "…" not in "".join(lines)
+
+
+def test_host_opens_with_whether_the_workers_fit():
+    args = ["--shape", "834,224,834,3", "--batch-size", "2", "--cpus", "64", "--ram", "188GB"]
+    lines, host = _first_line_and_json("host", args)
+    assert lines[0] == (f"FITS in host RAM: {host['num_workers']} workers need "
+                        f"{format_bytes(host['peak_bytes'])} / "
+                        f"{format_bytes(host['usable_bytes'])} usable (max_num_workers "
+                        f"{host['max_num_workers']})")
+
+
+def test_check_opens_with_fits():
+    lines, report = _first_line_and_json("check", [*TINY, "--gpu", "T4", "--batch-size", "8"])
+    assert lines[0].startswith(f"FITS: batch 8 needs "
+                               f"{format_bytes(report['device']['total_bytes'])} of ")
+
+
+def test_feed_opens_with_the_best_measured_share_and_the_models_worst_distance():
+    rows = [FeedRow(num_workers=w, predicted_gpu_utilization=p, measured_gpu_utilization=m)
+            for w, p, m in ((0, 0.3, 0.28), (1, 0.5, 0.56), (2, 0.9, 0.88))]
+    check = FeedCheck(dataset="d:f", batch_size=4, step_time_s=0.01, seconds_per_sample=0.01,
+                      cpus=2, consumer="spin", other_busy_cpus=0.0, rows=rows)
+    assert feed_verdict(check) == ("MEASURED: GPU busy 88% at best (2 workers); the model is "
+                                   "within 6 points at every count")

@@ -78,9 +78,7 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
         spec = training_spec(options, loader, machine)
         with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
-        if not as_json:
-            echo(verdict_line(report))       # first, unwrapped: the answer to the question
-        _show(report, as_json, partial(report_renderable, show_layers=show_layers))
+        _show(report, as_json, partial(report_renderable, show_layers=show_layers), verdict_line)
         if plot_target:   # after the report is out: a failed write does not lose it
             plot_report(report, plot_target)
             if not as_json:
@@ -141,16 +139,19 @@ def check(ctx, as_json, **options) -> None:
 @click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
               help="Print only the launch file for the recommended strategy.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
+@click.option("--wide", is_flag=True,
+              help="Full strategy names and every candidate (the default fits 80 columns).")
 @feed_options
 @host_options
 @timeout_option
 @click.pass_context
 def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
-         emit, as_json, **options) -> None:
+         emit, as_json, wide, **options) -> None:
     """Which strategy to use: each traced or derived, ranked, with launch files. Exits 1 when
     nothing fits, 3 when the plan rests on a static count (the step could not be traced)."""
     from memcalc.api import plan_spec
     from memcalc.render.plan import plan_renderable
+    from memcalc.render.verdict import plan_verdict
     from memcalc.strategies.plan import STATIC_PLAN
     from memcalc.strategies import ClusterSpec
 
@@ -175,7 +176,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
         elif emit == "slurm":
             echo("\n".join(result.slurm or []))
         else:
-            _show(result, as_json, plan_renderable)
+            _show(result, as_json, partial(plan_renderable, wide=wide), plan_verdict)
         if result.recommended is None:
             sys.exit(1)
         if static:
@@ -198,6 +199,7 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
     """Host RAM of the training process and the DataLoader workers that fit (no model)."""
     from memcalc.host import HostSpec, host_estimate, measured_host_estimate
     from memcalc.render.host import host_renderable
+    from memcalc.render.verdict import host_verdict
 
     def work():
         loader, machine = loader_and_machine(host_options)
@@ -206,7 +208,7 @@ def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
         with worker_progress(loader.dataset is not None and not as_json) as progress:
             report = (measured_host_estimate(spec, progress=progress) if loader.dataset
                       else host_estimate(spec))
-        _show(report, as_json, host_renderable)
+        _show(report, as_json, host_renderable, host_verdict)
 
     _run_guarded(ctx, work)
 
@@ -235,6 +237,7 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer
     from memcalc.feed.check import feed_check
     from memcalc.host import LoaderSpec, detect_machine, measure_worker
     from memcalc.render.feed import feed_renderable
+    from memcalc.render.verdict import feed_verdict
 
     def work():
         with worker_progress(not as_json) as progress:
@@ -244,18 +247,22 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer
                                 seconds_per_sample=sample.seconds_per_sample,
                                 cpus=cpus or detect_machine().cpus, batches=batches,
                                 consumer=consumer)
-        _show(result, as_json, feed_renderable)
+        _show(result, as_json, feed_renderable, feed_verdict)
 
     _run_guarded(ctx, work)
 
 
 def _show(report: BaseModel, as_json: bool,
-          render: Callable[[BaseModel], RenderableType | str]) -> None:
-    """A command's result: the indented JSON with ``--json``, else what ``render`` draws (text
-    is echoed as it is: rich would wrap it and read its brackets as markup)."""
+          render: Callable[[BaseModel], RenderableType | str],
+          verdict: Callable[[BaseModel], str] | None = None) -> None:
+    """A command's result: the indented JSON with ``--json``, else its verdict line first
+    (unwrapped) and what ``render`` draws (text is echoed as it is: rich would wrap it and
+    read its brackets as markup)."""
     if as_json:
         echo(report.model_dump_json(indent=2))
         return
+    if verdict is not None:
+        echo(verdict(report))
     shown = render(report)
     if isinstance(shown, str):
         echo(shown)

@@ -24,6 +24,8 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from memcalc.units import counted
+
 TARGET_UTILIZATION = 0.95
 PIN_COPY_BYTES_PER_S = 8e9
 """Pageable → pinned host copy, one thread (memcpy bandwidth of one core)."""
@@ -124,7 +126,7 @@ def _advice(bound: str, needed: int, max_workers: int, expected: float, pin_s: f
             step_s: float) -> list[str]:
     if bound == "gpu":
         return []
-    lines = [f"{bound.upper()}-bound: {needed} workers would keep the GPU busy but at most "
+    lines = [f"{bound.upper()}-bound: {counted(needed, 'worker')} would keep the GPU busy but at most "
              f"{max_workers} fit the CPUs and RAM; the GPU is busy about {expected:.0%} of the "
              f"time ({1 / expected:.1f}× the GPU-bound step time)"]
     if pin_s and pin_s > step_s:

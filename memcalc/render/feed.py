@@ -9,6 +9,7 @@ from rich.table import Table
 from memcalc.feed.check import FeedCheck
 from memcalc.feed.model import ThroughputReport
 from memcalc.render.helpers import bullets
+from memcalc.units import counted
 
 
 def throughput_renderable(throughput: ThroughputReport) -> Group:
@@ -19,7 +20,7 @@ def throughput_renderable(throughput: ThroughputReport) -> Group:
             f"{throughput.expected_gpu_utilization:.0%}\n"
             f"step {throughput.step_time_s * 1e3:.3g} ms ({throughput.step_time_source}); "
             f"one worker builds a batch in {throughput.batch_load_time_s * 1e3:.3g} ms "
-            f"({throughput.batch_load_source}); {throughput.workers_needed} workers needed")
+            f"({throughput.batch_load_source}); {counted(throughput.workers_needed, 'worker')} needed")
     rows = ", ".join(f"{row.num_workers}: {row.expected_gpu_utilization:.0%}"
                      for row in throughput.by_workers[:9])
     parts = [Panel(head + f"\nGPU busy by workers — {rows}", title="memcalc feeding",

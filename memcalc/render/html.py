@@ -8,7 +8,7 @@ from html import escape
 from memcalc.render.verdict import verdict_line
 from memcalc.report.models import Report
 from memcalc.strategies.report import StrategyPlan
-from memcalc.units import format_bytes
+from memcalc.units import counted, format_bytes
 
 _STYLE = "border-collapse:collapse;font-family:monospace;font-size:12px"
 
@@ -48,10 +48,10 @@ def report_html(report: Report) -> str:
     if report.throughput is not None:
         t = report.throughput
         parts.append(f"<p>feeding: <b>{escape(t.bound)}-bound</b>, GPU busy "
-                     f"{t.expected_gpu_utilization:.0%} with {t.num_workers} workers</p>")
+                     f"{t.expected_gpu_utilization:.0%} with {counted(t.num_workers, 'worker')}</p>")
     if report.host is not None:
         h = report.host
-        parts.append(f"<p>host: {h.max_num_workers} workers fit, recommended "
+        parts.append(f"<p>host: {counted(h.max_num_workers, 'worker')} fit, recommended "
                      f"{h.recommended_num_workers}, peak {format_bytes(h.peak_bytes)} of "
                      f"{format_bytes(h.usable_bytes)}</p>")
     return "".join(parts)

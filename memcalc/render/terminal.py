@@ -11,7 +11,7 @@ from memcalc.render.feed import throughput_renderable
 from memcalc.render.helpers import bullets
 from memcalc.render.host import host_renderable
 from memcalc.report.models import Report
-from memcalc.units import format_bytes, format_count
+from memcalc.units import counted, format_bytes, format_count
 
 
 def report_renderable(report: Report, show_layers: bool = False) -> Group:
@@ -153,6 +153,6 @@ def _layers_table(report: Report) -> Table:
 def fits_summary(report: Report) -> str:
     """One line for a check that passed: the GPU and host RAM needed and usable."""
     device, host = report.device, report.host
-    return (f"fits: batch {device.batch_size} needs {format_bytes(device.total_bytes)} of "
-            f"{format_bytes(device.plan.usable_bytes)} usable; {host.num_workers} workers need "
+    return (f"FITS: batch {device.batch_size} needs {format_bytes(device.total_bytes)} of "
+            f"{format_bytes(device.plan.usable_bytes)} usable; {counted(host.num_workers, 'worker')} need "
             f"{format_bytes(host.peak_bytes)} of host RAM")

@@ -1,9 +1,14 @@
-"""The first line of ``memcalc estimate``: the answer to "does it fit?", with its numbers."""
+"""The first line of every command: the answer to the question it was asked, with its
+numbers (estimate and check: does it fit; plan: what to run; host: do the workers fit in
+RAM; feed: how busy the loader keeps the GPU)."""
 
 from __future__ import annotations
 
 from memcalc.device.gpus import gpu_catalog
+from memcalc.feed.check import FeedCheck
+from memcalc.host.report import HostReport
 from memcalc.report.models import Report
+from memcalc.strategies.report import StrategyPlan
 from memcalc.units import format_bytes
 
 
@@ -37,3 +42,36 @@ def _against_catalog(needs: str, total_bytes: int) -> str:
                    key=lambda gpu: gpu.memory_bytes)
     return (f"{needs}; smallest card for it: {smallest.name} "
             f"({format_bytes(smallest.memory_bytes)}); --gpu for a verdict")
+
+
+def plan_verdict(plan: StrategyPlan) -> str:
+    """The recommended strategy with its GPUs, batch and memory, or why nothing fits."""
+    from memcalc.render.plan import short_label
+
+    chosen = next((c for c in plan.candidates if c.label == plan.recommended), None)
+    if chosen is None:
+        return f"NOTHING FITS: {plan.reason}"
+    gpus = f"{chosen.gpus} GPU{'s' if chosen.gpus > 1 else ''}"
+    return (f"PLAN: {short_label(chosen.label)} on {gpus}: batch {chosen.max_batch_size}/GPU "
+            f"needs {format_bytes(chosen.per_gpu_peak_bytes)} / "
+            f"{format_bytes(plan.usable_bytes)} usable, {chosen.samples_per_s:,.3g} samples/s")
+
+
+def host_verdict(host: HostReport) -> str:
+    """Whether the loader's host RAM fits, at the recommended worker count."""
+    verdict = "FITS in host RAM" if host.fits else "DOES NOT FIT in host RAM"
+    workers = f"{host.num_workers} worker{'' if host.num_workers == 1 else 's'}"
+    return (f"{verdict}: {workers} need {format_bytes(host.peak_bytes)} / "
+            f"{format_bytes(host.usable_bytes)} usable (max_num_workers "
+            f"{host.max_num_workers})")
+
+
+def feed_verdict(check: FeedCheck) -> str:
+    """How far the feeding model is from the measured loader, and the best worker count."""
+    worst = max(check.rows, key=lambda row: abs(row.predicted_gpu_utilization
+                                                - row.measured_gpu_utilization))
+    best = max(check.rows, key=lambda row: row.measured_gpu_utilization)
+    points = 100 * abs(worst.predicted_gpu_utilization - worst.measured_gpu_utilization)
+    return (f"MEASURED: GPU busy {best.measured_gpu_utilization:.0%} at best "
+            f"({best.num_workers} worker{'' if best.num_workers == 1 else 's'}); the model is "
+            f"within {points:.0f} points at every count")

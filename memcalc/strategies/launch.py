@@ -9,6 +9,7 @@ from memcalc.host.workers import host_estimate
 from memcalc.host.report import HostReport
 from memcalc.strategies.report import Candidate
 from memcalc.strategies.specs import ClusterSpec
+from memcalc.units import counted
 
 SCRIPT = "train.py"
 
@@ -53,9 +54,9 @@ def slurm_header(candidate: Candidate, cluster: ClusterSpec, host: HostReport | 
         mem_per_cpu = share.sbatch[1].split("=", 1)[1]
         lines += [f"#SBATCH --cpus-per-task={per_node * cpus_per_process}",
                   f"#SBATCH --mem-per-cpu={mem_per_cpu}",
-                  f"# {share.recommended_num_workers} DataLoader workers per GPU process, "
-                  f"{per_node} processes per node sharing its {share.spec.machine.cpus * per_node}"
-                  " CPUs and RAM (host plan)"]
+                  f"# {counted(share.recommended_num_workers, 'DataLoader worker')} per GPU "
+                  f"process, {counted(per_node, 'process', 'processes')} per node sharing its "
+                  f"{share.spec.machine.cpus * per_node} CPUs and RAM (host plan)"]
     lines += ["export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
               "srun " + torchrun_command(candidate, cluster, script)]
     return lines

@@ -28,7 +28,7 @@ from memcalc.strategies.variants import (
 )
 from memcalc.trace.checkpointing import repeated_blocks
 from memcalc.trace.halos import not_splittable_reason
-from memcalc.units import format_bytes
+from memcalc.units import counted, format_bytes
 
 if TYPE_CHECKING:
     from torch import nn
@@ -182,8 +182,8 @@ def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterS
             why = "and one GPU allows no spatial split (--max-gpus 1)"
         else:
             why = f"nor does a sample split spatially over up to {cluster.max_gpus} GPUs"
-        return (f"nothing fits in {format_bytes(usable)} per GPU on up to {cluster.max_gpus} "
-                f"GPU(s): one sample needs {format_bytes(best.per_gpu_peak_bytes)} per GPU at "
+        return (f"nothing fits in {format_bytes(usable)} per GPU on up to "
+                f"{counted(cluster.max_gpus, 'GPU')}: one sample needs {format_bytes(best.per_gpu_peak_bytes)} per GPU at "
                 f"least ({best.label}); sharding states does not shard the activations of one "
                 f"sample, {why} — train on crops (largest_sample_shape) or use a larger GPU")
     if cluster.strategy is not None:
@@ -193,7 +193,7 @@ def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterS
     fitting = [c for c in ranked if c.fits]
     beyond = chosen.gpus > cluster.gpus
     where = (f"needs {chosen.gpus} GPUs: nothing fits on {cluster.gpus}" if beyond
-             else f"on the {cluster.gpus} GPU(s) given")
+             else f"on the {counted(cluster.gpus, 'GPU')} given")
     samples = "sample" if chosen.max_batch_size == 1 else "samples"
     holder = ("GPU" if chosen.spatial_parts == 1 else
               f"group of {chosen.spatial_parts} GPUs (each GPU a 1/{chosen.spatial_parts} slab)")
