@@ -16,11 +16,18 @@ from memcalc.cli.options import (
     host_options,
     loader_and_machine,
     model_options,
-    training_spec,
+    job_spec,
     variant_progress,
     worker_progress,
 )
 from memcalc.cli.calibrate import calibrate
+from memcalc.cli.job_file import (
+    SPEC_OPTION,
+    explicit_options,
+    host_fields,
+    merged_spec,
+    read_job_file,
+)
 from memcalc.cli.deadline import timeout_option
 from memcalc.cli.guard import run_guarded as _run_guarded
 from memcalc.cli.output import echo, out
@@ -74,9 +81,8 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
 
     def work():
         plot_target = None if plot_path is None else check_plot_path(plot_path)  # before work
-        loader, machine = loader_and_machine(options)
-        spec = training_spec(options, loader, machine)
-        with worker_progress(loader.dataset is not None and not as_json) as progress:
+        spec = job_spec(ctx, options)
+        with worker_progress(spec.loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
         _show(report, as_json, partial(report_renderable, show_layers=show_layers), verdict_line)
         if plot_target:   # after the report is out: a failed write does not lose it
@@ -102,8 +108,7 @@ def check(ctx, as_json, **options) -> None:
     from memcalc.render.terminal import fits_summary
 
     def work():
-        loader, machine = loader_and_machine(options)
-        spec = training_spec(options, loader, machine)
+        spec = job_spec(ctx, options)
         try:
             report = check_spec(spec)
         except MemoryBudgetError as error:
@@ -156,8 +161,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
     from memcalc.strategies import ClusterSpec
 
     def work():
-        loader, machine = loader_and_machine(options)
-        spec = training_spec(options, loader, machine)
+        spec = job_spec(ctx, options)
         cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, global_batch=global_batch,
                               interconnect=interconnect, mfu=spec.feed.mfu,
                               gradient_as_bucket_view=bucket_view, strategy=forced,
@@ -192,21 +196,28 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
 @click.option("--device", type=enum_choice(DeviceKind), default="cuda", show_default=True,
               help="Where training runs (cuda adds the CUDA host context and pinning).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@SPEC_OPTION
 @host_options
 @timeout_option
 @click.pass_context
-def host(ctx, shape, batch_size, device, as_json, **host_options) -> None:
+def host(ctx, shape, batch_size, device, as_json, spec_file, **host_options) -> None:
     """Host RAM of the training process and the DataLoader workers that fit (no model)."""
     from memcalc.host import HostSpec, host_estimate, measured_host_estimate
     from memcalc.render.host import host_renderable
     from memcalc.render.verdict import host_verdict
 
     def work():
+        fields = host_fields(read_job_file(spec_file)) if spec_file else {}
         loader, machine = loader_and_machine(host_options)
-        spec = HostSpec(sample_shape=shape, batch_size=batch_size, loader=loader,
-                        machine=machine, cuda=device == DeviceKind.CUDA.value)
-        with worker_progress(loader.dataset is not None and not as_json) as progress:
-            report = (measured_host_estimate(spec, progress=progress) if loader.dataset
+        spec = HostSpec(sample_shape=shape or fields.get("sample_shape"), batch_size=batch_size,
+                        loader=loader, machine=machine, cuda=device == DeviceKind.CUDA.value)
+        if spec_file:
+            explicit = explicit_options(ctx)
+            if "device" in explicit:
+                fields["cuda"] = spec.cuda
+            spec = merged_spec(HostSpec, spec, fields, explicit, spec_file)
+        with worker_progress(spec.loader.dataset is not None and not as_json) as progress:
+            report = (measured_host_estimate(spec, progress=progress) if spec.loader.dataset
                       else host_estimate(spec))
         _show(report, as_json, host_renderable, host_verdict)
 

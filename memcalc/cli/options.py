@@ -17,6 +17,8 @@ from memcalc.cli.types import (
     SizeType,
     enum_choice,
 )
+from memcalc.cli.job_file import SPEC_OPTION, explicit_options, merged_spec, read_job_file
+from memcalc.errors import InputError
 from memcalc.host.machine import machine_from_options
 from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
 from memcalc.trace.optimizers import optimizer_names
@@ -162,8 +164,9 @@ def _named_gpu(ctx, param, value: str | None) -> str | None:
 
 
 MODEL_OPTIONS = [
-    click.option("--model", "model_name", required=True,
-                 help="Zoo name (see `memcalc models`) or package.module:callable returning an nn.Module."),
+    click.option("--model", "model_name",
+                 help="Zoo name (see `memcalc models`) or package.module:callable returning an "
+                      "nn.Module [required unless --spec names it]."),
     click.option("--model-arg", "model_args", type=ModelArgType(), multiple=True,
                  help="Keyword argument for the model builder, e.g. --model-arg depth=50 (repeatable)."),
     click.option("--shape", type=ShapeType(), help="Per-sample shape, comma separated (no batch axis)."),
@@ -222,6 +225,23 @@ MODEL_OPTIONS = [
 ]
 
 
+def job_spec(ctx: click.Context, options: dict) -> TrainingSpec:
+    """The job from the model, feed and host options (popped from ``options``), over the
+    ``--spec`` file when one is given (``memcalc.cli.job_file``)."""
+    path = options.pop("spec_file")
+    fields = read_job_file(path) if path is not None else {}
+    if options["model_name"] is None:
+        if "model" not in fields:
+            raise InputError("--model is missing: give --model NAME, or a --spec file that "
+                             "names the model")
+        options["model_name"] = fields["model"]
+    loader, machine = loader_and_machine(options)
+    spec = training_spec(options, loader, machine)
+    if path is None:
+        return spec
+    return merged_spec(TrainingSpec, spec, fields, explicit_options(ctx), path)
+
+
 def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> TrainingSpec:
     """The model options (popped from ``options``) as a spec."""
     names = ("model_name", "model_args", "shape", "layout", "input_dtype", "inputs",
@@ -252,7 +272,7 @@ def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> Tr
 
 
 def model_options(command):
-    for option in reversed(MODEL_OPTIONS):
+    for option in reversed([SPEC_OPTION, *MODEL_OPTIONS]):
         command = option(command)
     return command
 

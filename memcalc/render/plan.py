@@ -64,7 +64,8 @@ def _method(candidate: Candidate, wide: bool) -> str:
             "derive" if candidate.method.startswith("derived") else "trace")
 
 
-def _samples_per_s(value: float) -> str:
+def samples_per_s_text(value: float) -> str:
+    """A rate as read in a table: whole numbers from 100 up, else 3 significant digits."""
     return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
 
 
@@ -93,7 +94,7 @@ def _cells(candidate: Candidate, wide: bool) -> list[str]:
              "per-GPU peak": format_bytes(candidate.per_gpu_peak_bytes),
              "batch/GPU": _batch(candidate, wide), "accum": str(candidate.accumulation_steps),
              "global": str(candidate.global_batch_size), "step": _seconds(candidate.step_time_s),
-             "samples/s": _samples_per_s(candidate.samples_per_s),
+             "samples/s": samples_per_s_text(candidate.samples_per_s),
              "fits": "yes" if candidate.fits else "NO", "method": _method(candidate, wide)}
     cells["peak/GPU"], cells["how"] = cells["per-GPU peak"], cells["method"]
     return [cells[column] for column in (_WIDE_COLUMNS if wide else _NARROW_COLUMNS)]

@@ -46,7 +46,7 @@ def _against_catalog(needs: str, total_bytes: int) -> str:
 
 def plan_verdict(plan: StrategyPlan) -> str:
     """The recommended strategy with its GPUs, batch and memory, or why nothing fits."""
-    from memcalc.render.plan import short_label
+    from memcalc.render.plan import samples_per_s_text, short_label
 
     chosen = next((c for c in plan.candidates if c.label == plan.recommended), None)
     if chosen is None:
@@ -54,14 +54,15 @@ def plan_verdict(plan: StrategyPlan) -> str:
     gpus = f"{chosen.gpus} GPU{'s' if chosen.gpus > 1 else ''}"
     return (f"PLAN: {short_label(chosen.label)} on {gpus}: batch {chosen.max_batch_size}/GPU "
             f"needs {format_bytes(chosen.per_gpu_peak_bytes)} / "
-            f"{format_bytes(plan.usable_bytes)} usable, {chosen.samples_per_s:,.3g} samples/s")
+            f"{format_bytes(plan.usable_bytes)} usable, {samples_per_s_text(chosen.samples_per_s)} samples/s")
 
 
 def host_verdict(host: HostReport) -> str:
     """Whether the loader's host RAM fits, at the recommended worker count."""
     verdict = "FITS in host RAM" if host.fits else "DOES NOT FIT in host RAM"
-    workers = f"{host.num_workers} worker{'' if host.num_workers == 1 else 's'}"
-    return (f"{verdict}: {workers} need {format_bytes(host.peak_bytes)} / "
+    workers = ("1 worker needs" if host.num_workers == 1 else
+               f"{host.num_workers} workers need")
+    return (f"{verdict}: {workers} {format_bytes(host.peak_bytes)} / "
             f"{format_bytes(host.usable_bytes)} usable (max_num_workers "
             f"{host.max_num_workers})")
 
