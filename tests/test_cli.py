@@ -183,7 +183,7 @@ def test_seed_case_is_read_as_channels_last_and_rendered_in_iec_units():
     assert result.exit_code == 0, result.output
     assert "channels-last" in result.output
     assert "(1, 3, 834, 224, 834)" in result.output
-    assert "GiB" in result.output and "Assumptions" in result.output
+    assert "GiB" in result.output and "--details" in result.output
 
 
 def test_gpus_lists_the_catalog_as_json():

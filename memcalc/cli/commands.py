@@ -68,11 +68,13 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Write a PNG: breakdown, memory vs batch, timeline, top modules.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @click.option("--layers", "show_layers", is_flag=True, help="Also print the per-layer table.")
+@click.option("--details", is_flag=True,
+              help="Every table: static count, host arithmetic, assumptions, not modelled.")
 @feed_options
 @host_options
 @timeout_option
 @click.pass_context
-def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
+def estimate(ctx, plot_path, as_json, show_layers, details, **options) -> None:
     """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest
     batch; host RAM and the DataLoader workers that fit."""
     from memcalc.pipeline import estimate as run_estimate
@@ -84,7 +86,8 @@ def estimate(ctx, plot_path, as_json, show_layers, **options) -> None:
         spec = job_spec(ctx, options)
         with worker_progress(spec.loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
-        _show(report, as_json, partial(report_renderable, show_layers=show_layers), verdict_line)
+        _show(report, as_json, partial(report_renderable, show_layers=show_layers,
+                                             details=details), verdict_line)
         if plot_target:   # after the report is out: a failed write does not lose it
             plot_report(report, plot_target)
             if not as_json:

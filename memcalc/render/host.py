@@ -11,8 +11,9 @@ from memcalc.render.helpers import bullets
 from memcalc.units import format_bytes
 
 
-def host_renderable(host: HostReport) -> Group:
-    """Host RAM: the arithmetic, the worker counts that fit, SLURM lines, a measured fix."""
+def host_renderable(host: HostReport, details: bool = True) -> Group:
+    """Host RAM: the worker counts that fit, SLURM lines, a measured fix and warnings; with
+    ``details`` also the arithmetic term by term and the assumptions."""
     spec = host.spec
     how = "MEASURED worker" if host.measured else "from the sample shape"
     head = (
@@ -36,7 +37,9 @@ def host_renderable(host: HostReport) -> Group:
         f"persistent_workers={host.recommended_persistent_workers}\n"
         + "  ".join(host.sbatch)
     )
-    parts = [Panel(head, title="memcalc host", expand=False), _terms_table(host)]
+    parts = [Panel(head, title="memcalc host", expand=False)]
+    if details:
+        parts.append(_terms_table(host))
     if host.fix is not None:
         env = " ".join(f"{key}={value}" for key, value in host.fix.env.items())
         parts.append(Panel(f"{env}: {format_bytes(host.fix.per_worker_bytes)} per worker, "
@@ -44,7 +47,8 @@ def host_renderable(host: HostReport) -> Group:
                            title="Fix (measured)", title_align="left"))
     if host.warnings:
         parts.append(bullets("Host warnings", host.warnings))
-    parts.append(bullets("Host assumptions", host.assumptions))
+    if details:
+        parts.append(bullets("Host assumptions", host.assumptions))
     return Group(*parts)
 
 

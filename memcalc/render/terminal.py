@@ -14,16 +14,49 @@ from memcalc.report.models import Report
 from memcalc.units import counted, format_bytes, format_count
 
 
-def report_renderable(report: Report, show_layers: bool = False) -> Group:
-    """The estimate (below its verdict line, ``render.verdict``): head, breakdown, batch plan, top modules, static count, assumptions,
-    feeding and host RAM (and the torchinfo layer table with ``show_layers``)."""
+SHORT_TOP_MODULES = 5
+
+
+def report_renderable(report: Report, show_layers: bool = False, details: bool = False
+                      ) -> Group:
+    """The estimate below its verdict line (``render.verdict``), one screen by default: head,
+    breakdown, batch plan, the top modules, feeding and host RAM, and where the rest is. With
+    ``details`` every table: the static count, the host arithmetic, the assumptions and what
+    is not modelled (and the torchinfo layer table with ``show_layers``)."""
+    device = report.device
+    parts = [Panel(_head(report), title="memcalc estimate", expand=False),
+             _breakdown_table(report, details)]
+    if device.plan is not None:
+        parts.append(_plan_panel(report))
+    if device.top_modules:
+        parts.append(_top_modules_table(report, None if details else SHORT_TOP_MODULES))
+    if details:
+        parts.append(_static_table(report))
+    if show_layers and report.model.layers:
+        parts.append(_layers_table(report))
+    if details:
+        parts.append(bullets("Assumptions", report.assumptions))
+        if report.unsupported:
+            parts.append(bullets("Not modelled", report.unsupported))
+    if report.throughput is not None:
+        parts.append(throughput_renderable(report.throughput))
+    if report.host is not None:
+        parts.append(host_renderable(report.host, details))
+    if not details:
+        parts.append(f"{counted(len(report.assumptions), 'assumption')}, "
+                     f"{counted(len(report.unsupported), 'thing')} not modelled, the static "
+                     "count and the host arithmetic: --details (everything: --json)")
+    return Group(*parts)
+
+
+def _head(report: Report) -> str:
     device, spec = report.device, report.spec
     label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
     reserved = (", CUDA reserved + context, what nvidia-smi shows"
                 if device.peak_reserved_bytes is not None else "")
     when = (f" — reached in {device.peak_phase} of iteration {device.peak_iteration}"
             if device.peak_phase else "")
-    head = (
+    return (
         f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
         f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
@@ -34,50 +67,36 @@ def report_renderable(report: Report, show_layers: bool = False) -> Group:
         f"[bold]peak {format_bytes(device.peak_bytes)}[/] ({label}{reserved}; allocated "
         f"{format_bytes(device.peak_allocated_bytes)}{when})"
     )
-    parts = [Panel(head, title="memcalc estimate", expand=False), _breakdown_table(report)]
-    if device.plan is not None:
-        parts.append(_plan_panel(report))
-    if device.top_modules:
-        parts.append(_top_modules_table(report))
-    parts.append(_static_table(report))
-    if show_layers and report.model.layers:
-        parts.append(_layers_table(report))
-    parts.append(bullets("Assumptions", report.assumptions))
-    if report.unsupported:
-        parts.append(bullets("Not modelled", report.unsupported))
-    if report.throughput is not None:
-        parts.append(throughput_renderable(report.throughput))
-    if report.host is not None:
-        parts.append(host_renderable(report.host))
-    return Group(*parts)
 
 
-def _breakdown_table(report: Report) -> Table:
+def _breakdown_table(report: Report, details: bool) -> Table:
+    """Bytes per category at the peak, then what CUDA adds: the allocator's reserve and the
+    context (byte counts with ``details``)."""
     breakdown = report.device.breakdown
     table = Table(title="Live tensor bytes at the peak", title_justify="left")
     table.add_column("category")
     table.add_column("size", justify="right")
-    table.add_column("bytes", justify="right")
+    if details:
+        table.add_column("bytes", justify="right")
     table.add_column("share", justify="right")
+
+    def row(name: str, nbytes: int, share: str = "") -> None:
+        table.add_row(name, format_bytes(nbytes), *([f"{nbytes:,}"] if details else []), share)
+
     total = breakdown.total_bytes or 1
     for category, nbytes in breakdown.by_category().items():
-        table.add_row(category.value, format_bytes(nbytes), f"{nbytes:,}", f"{100 * nbytes / total:.1f} %")
-    table.add_row("[bold]total live[/]", f"[bold]{format_bytes(breakdown.total_bytes)}[/]",
-                  f"{breakdown.total_bytes:,}", "100.0 %")
+        if nbytes or details:
+            row(category.value, nbytes, f"{100 * nbytes / total:.1f} %")
+    row("[bold]total live[/]", breakdown.total_bytes, "100.0 %")
     reserved = report.device.peak_reserved_bytes
     if reserved is not None:
-        extra = reserved - breakdown.total_bytes
-        table.add_row("+ CUDA allocator reserve (rounding, cached blocks, fragmentation)",
-                      format_bytes(extra), f"{extra:,}", "")
-        table.add_row("predicted reserved peak (max_memory_reserved)", format_bytes(reserved),
-                      f"{reserved:,}", "")
+        row("+ CUDA allocator reserve (rounding, cached blocks, fragmentation)",
+            reserved - breakdown.total_bytes)
+        row("predicted reserved peak (max_memory_reserved)", reserved)
     if report.device.kind == "cuda":
-        context = report.device.context_bytes
-        table.add_row("+ CUDA context and loaded kernels (outside the allocator)",
-                      format_bytes(context), f"{context:,}", "")
-        total = report.device.total_bytes
-        table.add_row("[bold]predicted total (nvidia-smi)[/]", f"[bold]{format_bytes(total)}[/]",
-                      f"{total:,}", "")
+        row("+ CUDA context and loaded kernels (outside the allocator)",
+            report.device.context_bytes)
+        row("[bold]predicted total (nvidia-smi)[/]", report.device.total_bytes)
     return table
 
 
@@ -115,12 +134,17 @@ def _plan_panel(report: Report) -> Panel:
     return Panel("\n".join(lines), title="Batch plan", title_align="left")
 
 
-def _top_modules_table(report: Report) -> Table:
-    table = Table(title="Top modules by activation bytes at the peak", title_justify="left")
+def _top_modules_table(report: Report, rows: int | None) -> Table:
+    """Modules by the activation bytes they made themselves: each tensor is counted once, in
+    the innermost module running when it was made, so a parent's row holds only its own
+    tensors (a residual add, a concatenation), never its children's again."""
+    table = Table(title="Top modules at the peak", title_justify="left",
+                  caption="own: each tensor once, in the innermost module that made it",
+                  caption_justify="left")
     table.add_column("module")
-    table.add_column("activations", justify="right")
-    for row in report.device.top_modules:
-        table.add_row(row.module, format_bytes(row.activation_bytes))
+    table.add_column("own activations", justify="right")
+    for row in report.device.top_modules[:rows]:
+        table.add_row(row.module or "(the model's own forward)", format_bytes(row.activation_bytes))
     return table
 
 
