@@ -1,4 +1,6 @@
-"""The pictures: a valid PNG with the four panels, drawn from the report's numbers."""
+"""The pictures: a valid PNG with the four panels (three without a capacity), drawn from the
+report's numbers, each axis in the unit its values read best in, no empty panel, no legend
+entry for nothing, phases shaded where they happen."""
 
 import matplotlib
 
@@ -21,19 +23,41 @@ def test_report_plot_writes_a_png_with_four_panels(tmp_path):
     titles = [axes.get_title() for axes in figure.axes]
     assert titles == ["Breakdown at the peak", "Memory against batch size",
                       "Live tensor memory over the traced step",
-                      "Activations alive at the peak, by module"]
+                      "Own activations at the peak, by module"]
     timeline = figure.axes[2].lines[0].get_ydata()
-    assert max(timeline) * 2**30 == max(p.live_bytes for p in report.device.timeline)
+    unit = figure.axes[2].get_ylabel().split()[-1]
+    assert unit in ("KiB", "MiB", "GiB")
+    scale = {"KiB": 2**10, "MiB": 2**20, "GiB": 2**30}[unit]
+    peak = max(p.live_bytes for p in report.device.timeline)
+    assert max(timeline) * scale == peak and 1 <= max(timeline) < 1024
     target = tmp_path / "report.png"
     memcalc.plot(report, target)
     pixels = imread(target)
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and pixels.shape[0] > 500
 
 
-def test_without_a_capacity_the_batch_panel_says_so(tmp_path):
-    figure = plot_report(estimate(TrainingSpec(**TINY, batch_size=2)))
-    texts = [text.get_text() for text in figure.axes[1].texts]
-    assert texts == ["no capacity given (--gpu / --gpu-memory)"]
+def test_without_a_capacity_there_is_no_empty_batch_panel_nor_a_legend_for_nothing():
+    report = estimate(TrainingSpec(**TINY, batch_size=2, device="cpu"))
+    figure = plot_report(report)
+    assert [axes.get_title() for axes in figure.axes] == [
+        "Breakdown at the peak", "Live tensor memory over the traced step",
+        "Own activations at the peak, by module"]
+    legend = [text.get_text() for text in figure.axes[0].get_legend().get_texts()]
+    held = {c.value for c, n in report.device.breakdown.by_category().items() if n > 0}
+    assert {entry.split()[0] for entry in legend} == held
+    assert not any(" 0.00 " in entry for entry in legend)
+
+
+def test_the_phase_bands_follow_when_events_happen():
+    # a forward tensor freed in backward belongs to backward: one band per phase and
+    # iteration, forward → backward → optimizer twice
+    report = estimate(TrainingSpec(**TINY, batch_size=4, device="cpu"))
+    runs = []
+    for point in report.device.timeline:
+        if point.phase != "setup" and (not runs or runs[-1] != (point.phase, point.iteration)):
+            runs.append((point.phase, point.iteration))
+    assert [phase for phase, _ in runs][:3] == ["forward", "backward", "optimizer"]
+    assert len(runs) == len(set(runs))
 
 
 def test_timeline_peak_equals_the_traced_peak():

@@ -1,6 +1,7 @@
 """Pictures of a report (matplotlib, PNG): the breakdown at the peak, memory against batch
-size with the capacity, live memory over the traced step with its phases, and the modules
-whose activations are alive at the peak."""
+size with the capacity (only when there is a capacity: no empty panel), live memory over the
+traced step with its phases, and the modules whose own activations are alive at the peak.
+Each axis is in the IEC unit its largest value reads best in."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 
 from memcalc.errors import InputError
 from memcalc.report.models import Report
+from memcalc.units import format_bytes
 
-GIB = 1 << 30
+UNITS = (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1))
 PHASE_COLORS = {"forward": "#dbeafe", "backward": "#fde68a", "optimizer": "#d1fae5",
                 "zero_grad": "#e5e7eb", "setup": "#ffffff"}
 
@@ -36,20 +38,28 @@ def check_plot_path(path: str | Path) -> Path:
     return target.absolute()
 
 
+def unit_for(largest_bytes: float) -> tuple[str, int]:
+    """The IEC unit in which ``largest_bytes`` reads as at least 1."""
+    return next(((name, size) for name, size in UNITS if largest_bytes >= size), UNITS[-1])
+
+
 def plot_report(report: Report, path: str | Path | None = None):
-    """A 2×2 figure of the four pictures; written as PNG when ``path`` is given
-    (``memcalc.plot``, ``memcalc estimate --plot``)."""
+    """The pictures side by side (2×2 with a capacity, else three in a row); written to
+    ``path`` when given (``memcalc.plot``, ``memcalc estimate --plot``)."""
     import matplotlib
 
     if path is not None:
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(2, 2, figsize=(12, 8), dpi=110)
-    plot_breakdown(axes[0][0], report)
-    plot_batch(axes[0][1], report)
-    plot_timeline(axes[1][0], report)
-    plot_top_modules(axes[1][1], report)
+    panels = [plot_breakdown, plot_batch, plot_timeline, plot_top_modules]
+    if report.device.plan is None:
+        panels.remove(plot_batch)
+    rows, columns = (2, 2) if len(panels) == 4 else (1, 3)
+    figure, axes = plt.subplots(rows, columns, figsize=(12, 8) if rows == 2 else (16, 5),
+                                dpi=110, squeeze=False)
+    for draw, panel in zip(panels, axes.flat):
+        draw(panel, report)
     figure.suptitle(f"{report.model.name}, batch {report.device.batch_size}, "
                     f"{report.spec.precision.value}"
                     + (f", {report.gpu.name}" if report.gpu else ""))
@@ -66,50 +76,54 @@ def plot_report(report: Report, path: str | Path | None = None):
 
 
 def plot_breakdown(axes, report: Report) -> None:
-    """One stacked bar of the bytes at the peak by category, with the capacity line."""
+    """One stacked bar of the bytes at the peak by category, with the capacity line; the
+    legend names only the categories that hold bytes."""
     device, left = report.device, 0.0
     parts = [(category.value, nbytes) for category, nbytes in device.breakdown.by_category().items()]
     if device.peak_reserved_bytes is not None:
         parts.append(("allocator reserve", device.peak_reserved_bytes - device.breakdown.total_bytes))
         parts.append(("CUDA context", device.context_bytes or 0))
+    unit, size = unit_for(max(sum(n for _, n in parts if n > 0), device.capacity_bytes or 0))
     for label, nbytes in parts:
         if nbytes > 0:
-            axes.barh([0], [nbytes / GIB], left=left, label=f"{label} {nbytes / GIB:.2f} GiB")
-            left += nbytes / GIB
+            axes.barh([0], [nbytes / size], left=left, label=f"{label} {format_bytes(nbytes)}")
+            left += nbytes / size
     if device.capacity_bytes:
-        axes.axvline(device.capacity_bytes / GIB, color="black", label="capacity")
+        axes.axvline(device.capacity_bytes / size, color="black",
+                     label=f"capacity {format_bytes(device.capacity_bytes)}")
     axes.set_yticks([])
-    axes.set_xlabel("GiB at the peak")
+    axes.set_xlabel(f"{unit} at the peak")
     axes.set_title("Breakdown at the peak")
     axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
 
 
 def plot_batch(axes, report: Report) -> None:
-    """The fitted line of total memory against batch size, the traced batches and capacity."""
+    """The fitted line of total memory against batch size, the traced batches and capacity
+    (drawn only for a report with a batch plan)."""
     plan = report.device.plan
     axes.set_title("Memory against batch size")
-    if plan is None:
-        axes.text(0.5, 0.5, "no capacity given (--gpu / --gpu-memory)", ha="center",
-                  va="center", transform=axes.transAxes)
-        return
     largest = max([point.batch_size for point in plan.points] + [plan.max_batch_size + 1, 2])
     batches = [0, largest * 1.1]
-    axes.plot(batches, [(plan.model_bytes + b * plan.per_sample_bytes) / GIB for b in batches],
-              label="model + batch x per sample", color="tab:blue")
+    line = [plan.model_bytes + b * plan.per_sample_bytes for b in batches]
+    capacity = report.device.capacity_bytes
+    unit, size = unit_for(max(line + [p.total_bytes for p in plan.points] + [capacity]))
+    axes.plot(batches, [total / size for total in line], label="model + batch x per sample",
+              color="tab:blue")
     for fits in (True, False):
         points = [point for point in plan.points if point.fits is fits]
-        axes.scatter([point.batch_size for point in points],
-                     [point.total_bytes / GIB for point in points],
-                     color="tab:green" if fits else "tab:red", zorder=3,
-                     label="traced, fits" if fits else "traced, over")
-    capacity = report.device.capacity_bytes
-    axes.axhline(capacity / GIB, color="black", label=f"capacity {capacity / GIB:.1f} GiB")
-    axes.axhline(plan.usable_bytes / GIB, color="black", linestyle="--", label="capacity - headroom")
+        if points:
+            axes.scatter([point.batch_size for point in points],
+                         [point.total_bytes / size for point in points],
+                         color="tab:green" if fits else "tab:red", zorder=3,
+                         label="traced, fits" if fits else "traced, over")
+    axes.axhline(capacity / size, color="black", label=f"capacity {format_bytes(capacity)}")
+    axes.axhline(plan.usable_bytes / size, color="black", linestyle="--",
+                 label="capacity - headroom")
     if plan.max_batch_size:
         axes.axvline(plan.max_batch_size, color="tab:green", linestyle=":",
                      label=f"largest batch {plan.max_batch_size}")
     axes.set_xlabel("batch size")
-    axes.set_ylabel("predicted total (nvidia-smi), GiB")
+    axes.set_ylabel(f"predicted total (nvidia-smi), {unit}")
     axes.set_xlim(left=0)
     axes.set_ylim(bottom=0)
     axes.legend(fontsize=7, loc="lower right")
@@ -131,25 +145,28 @@ def plot_timeline(axes, report: Report) -> None:
             axes.axvspan(timeline[start].event, end, color=PHASE_COLORS.get(timeline[start].phase,
                                                                             "#ffffff"), lw=0)
             start = index
-    axes.plot([p.event for p in timeline], [p.live_bytes / GIB for p in timeline],
+    unit, size = unit_for(max(p.live_bytes for p in timeline))
+    axes.plot([p.event for p in timeline], [p.live_bytes / size for p in timeline],
               color="tab:blue")
     for phase, color in PHASE_COLORS.items():
         if any(p.phase == phase for p in timeline) and phase != "setup":
             axes.fill_between([], [], color=color, label=phase)
     axes.set_xlabel("allocation events (two iterations)")
-    axes.set_ylabel("live GiB")
+    axes.set_ylabel(f"live {unit}")
     axes.legend(fontsize=7, loc="upper left")
 
 
 def plot_top_modules(axes, report: Report) -> None:
-    """The ten modules whose activations hold the most bytes at the peak."""
+    """The ten modules whose own activations (each tensor once, in the innermost module that
+    made it) hold the most bytes at the peak."""
     modules = list(reversed(report.device.top_modules[:10]))
-    axes.set_title("Activations alive at the peak, by module")
+    axes.set_title("Own activations at the peak, by module")
     if not modules:
         axes.text(0.5, 0.5, "no activations at the peak", ha="center", va="center",
                   transform=axes.transAxes)
         return
-    axes.barh([m.module for m in modules], [m.activation_bytes / GIB for m in modules],
+    unit, size = unit_for(max(m.activation_bytes for m in modules))
+    axes.barh([m.module or "(model)" for m in modules], [m.activation_bytes / size for m in modules],
               color="tab:orange")
-    axes.set_xlabel("GiB")
+    axes.set_xlabel(unit)
     axes.tick_params(axis="y", labelsize=7)

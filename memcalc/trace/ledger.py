@@ -125,12 +125,16 @@ class MemoryLedger:
 
     def timeline(self, points: int = 400) -> list[tuple[int, int, str, int]]:
         """Live bytes over the step, at most ``points`` samples keeping each span's maximum:
-        (event index, live bytes, phase, iteration)."""
+        (event index, live bytes, phase, iteration), the phase and iteration being those of
+        the latest allocation at that event."""
         span = max(1, -(-len(self.events) // points))
         samples, live, best, record = [], 0, None, None
         for index, event in enumerate(self.events):
             live += event.delta_bytes
-            if event.record_id != EMPTY_CACHE_RECORD:
+            # the phase is the one of the latest allocation: a free belongs to the phase it
+            # happens in, not to the one that made the storage (a forward tensor freed in
+            # backward would otherwise mark backward as forward)
+            if event.record_id != EMPTY_CACHE_RECORD and event.delta_bytes > 0:
                 record = self.records[event.record_id]
             if record is None:
                 continue
