@@ -16,15 +16,16 @@ STEP_S = 0.015
 BATCH = 4
 
 
-@pytest.fixture(scope="module")
-def measured():
+def _measured():
     return measure_worker(LoaderSpec(dataset=DATASET, probe_seconds=5), BATCH)
 
 
 @pytest.fixture(scope="module", params=sorted(CONSUMERS))
-def check(request, measured):
+def check(request):
+    # the sample time is measured right before the check, as `memcalc feed` does, so both
+    # see the machine as it is loaded then
     return feed_check(DATASET, BATCH, STEP_S, [0, 1, 2], cpus=2, batches=20,
-                      seconds_per_sample=measured.seconds_per_sample, consumer=request.param)
+                      seconds_per_sample=_measured().seconds_per_sample, consumer=request.param)
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
@@ -49,9 +50,14 @@ def _plain_loader_seconds_per_sample(batches: int = 30) -> float:
     return statistics.median(b - a for a, b in zip(arrivals, arrivals[1:])) / BATCH
 
 
-def test_measured_sample_time_matches_a_plain_dataloader_under_the_same_load(measured):
+def test_measured_sample_time_matches_a_plain_dataloader_under_the_same_load():
     # each sample spins SPIN_SECONDS of CPU time: the floor of its wall time; a loaded
-    # machine slows the probe and a plain DataLoader alike, so they are compared
-    plain = _plain_loader_seconds_per_sample()
+    # machine slows the probe and a plain DataLoader alike, so they are compared, the plain
+    # one timed just before and just after the probe (a load that changes meanwhile shows
+    # as a spread between the two)
+    before = _plain_loader_seconds_per_sample()
+    measured = _measured()
+    after = _plain_loader_seconds_per_sample()
     assert measured.seconds_per_sample >= 0.95 * SPIN_SECONDS
-    assert measured.seconds_per_sample == pytest.approx(plain, rel=0.2)
+    assert min(before, after) / 1.2 <= measured.seconds_per_sample <= max(before, after) * 1.2, \
+        (before, measured.seconds_per_sample, after)

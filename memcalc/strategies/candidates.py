@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memcalc.host.workers import host_estimate
 from memcalc.strategies.cost import bandwidth_bytes_per_s
 from memcalc.strategies.launch import per_process_host
 from memcalc.strategies.lines import UNBOUNDED_BATCH, Derivation, fitted_lines
@@ -57,17 +58,26 @@ class Timing:
     communication_s: float
 
 
-def host_offload_cap(variant: TracedVariant, processes: int) -> int | None:
-    """Largest batch whose offloaded activations fit the host RAM one of ``processes`` GPU
-    processes per node has, next to its own share of the host plan (its DataLoader workers
-    planned for that share); None without offloading."""
+def host_offload_cap(variant: TracedVariant, processes: int, largest: int) -> int | None:
+    """Largest batch up to ``largest`` whose host plan fits one of ``processes`` GPU
+    processes' share of the node with that batch's offloaded activations pinned beside it:
+    the loader's batches and the offloaded bytes both grow with the batch, so the plan is
+    redone per batch (a bisection; host plans are arithmetic). None without offloading."""
     device, host = variant.report.device, variant.report.host
     if not device.offloaded_bytes or host is None:
         return None
-    share = per_process_host(host, processes)
     per_sample = device.offloaded_bytes / device.batch_size
-    others = share.peak_bytes - device.offloaded_bytes
-    return max(0, int((share.usable_bytes - others) // per_sample))
+
+    def fits(batch: int) -> bool:
+        spec = host.spec.model_copy(update={
+            "batch_size": batch, "offloaded_activation_bytes": int(per_sample * batch)})
+        return per_process_host(host_estimate(spec, host.measurement), processes).fits
+
+    low, high = 0, max(0, largest)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
 
 
 def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec) -> Candidate:
@@ -75,7 +85,7 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     accumulating to the cluster's global batch."""
     plan = variant.report.device.plan
     micro = plan.max_batch_size
-    cap = host_offload_cap(variant, 1)
+    cap = host_offload_cap(variant, 1, micro)
     if cap is not None and cap < micro:
         micro = cap
     batching = _accumulation(cluster.global_batch, micro, 1)
@@ -85,7 +95,10 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     compute = steps * variant.compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
                                               cluster.mfu)
     notes = []
-    offloaded = variant.report.device.offloaded_bytes
+    device = variant.report.device
+    # offloaded bytes grow with the batch: at the micro-batch used, not at the traced one
+    offloaded = (device.offloaded_bytes * max(micro, 1) // device.batch_size
+                 if device.offloaded_bytes else 0)
     transfer = steps * 2 * offloaded / HOST_LINK_BYTES_PER_S
     if cap is not None and cap < plan.max_batch_size:
         notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
@@ -122,7 +135,7 @@ def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
     budget = (plan.usable_bytes - context) / fitted.reserve
     micro = min(lines.compute.largest_batch(budget), lines.step.largest_batch(budget),
                 UNBOUNDED_BATCH)
-    cap = host_offload_cap(base, cluster.gpus_per_node_for(gpus))
+    cap = host_offload_cap(base, cluster.gpus_per_node_for(gpus), micro)
     if cap is not None and cap < micro:
         micro = cap
         notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
