@@ -88,3 +88,15 @@ def test_a_failing_dataset_is_one_line_naming_the_error():
         measure_worker(LoaderSpec(dataset="tests.fixtures.host_datasets:broken"), 2)
     with pytest.raises(InputError, match=r"cannot import 'no_such_module'"):
         measure_worker(LoaderSpec(dataset="no_such_module:data"), 2)
+
+
+def test_progress_is_told_each_phase_in_order():
+    told = []
+    measured = measure_worker(LoaderSpec(dataset="tests.fixtures.host_datasets:spin_samples",
+                                         probe_seconds=3), 4,
+                              progress=lambda *event: told.append(event))
+    phases = [phase for phase, _, _ in told]
+    assert phases[0] == "memory" and phases[-1] == "timing"
+    assert phases.count("timing") == 1 and set(phases) == {"memory", "timing"}
+    memory = [batches for phase, batches, _ in told if phase == "memory"]
+    assert memory == list(range(measured.batches + 1))

@@ -107,10 +107,15 @@ def worker_progress(enabled: bool):
     if not enabled:
         yield None
         return
-    with _spinner("measuring a real DataLoader worker") as describe:
-        yield lambda batches, worker_bytes: describe(
-            f"measuring a real DataLoader worker: batch {batches}, worker "
-            f"{format_bytes(worker_bytes)}")
+    with _spinner("real DataLoader worker: building the Dataset") as describe:
+        def told(phase: str, batches: int, worker_bytes: int) -> None:
+            if phase == "timing":
+                describe(f"real DataLoader worker: timing {batches} batches (memory sampler "
+                         "stopped)")
+            else:
+                describe(f"real DataLoader worker: memory, batch {batches}, worker "
+                         f"{format_bytes(worker_bytes)}")
+        yield told
 
 
 @contextmanager

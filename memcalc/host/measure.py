@@ -26,7 +26,9 @@ from memcalc.host.report import HostFix, HostReport, WorkerMeasurement
 from memcalc.host.specs import HostSpec, LoaderSpec
 from memcalc.units import format_bytes
 
-Progress = Callable[[int, int], None]
+Progress = Callable[[str, int, int], None]
+"""Told the probe's phase (``building``, ``memory``, ``timing``), batches measured so far and
+the worker's latest private bytes."""
 """Called after each measured batch with (batches so far, worker bytes)."""
 GROWTH_FLOOR_BYTES = 64 << 20
 STARTUP_SECONDS = 120
@@ -148,8 +150,12 @@ def _read_events(read_fd: int, loader: LoaderSpec, progress: Progress | None) ->
             event = _parse(line.decode(errors="replace"))
             if event.get("event") == "started":
                 end = time.monotonic() + loader.probe_seconds + LATE_SECONDS
+                if progress:
+                    progress("memory", 0, 0)
             elif event.get("event") == "batch" and progress:
-                progress(event["index"] + 1, event["worker_bytes"])
+                progress("memory", event["index"] + 1, event["worker_bytes"])
+            elif event.get("event") == "timing" and progress:
+                progress("timing", event["batches"], 0)
             elif event.get("event") == "input_error":
                 raise InputError(event["message"])
             elif event.get("event") == "error":

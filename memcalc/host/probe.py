@@ -1,7 +1,8 @@
 """Run the user's Dataset in one real DataLoader worker and measure it (a subprocess).
 
 ``python -m memcalc.host.probe '<json config>' FD`` writes one JSON object per line to file
-descriptor FD (a pipe from memcalc): a ``batch`` event per batch received and a final
+descriptor FD (a pipe from memcalc): ``started`` once the Dataset is built, a ``batch`` event
+per batch of the memory phase, ``timing`` when the timing phase begins, and a final
 ``result`` (or ``error``). Its own stdout goes to stderr, so what the Dataset prints never
 mixes with the events. It imports torch
 and the user's module only, so its main process looks like a training script's.
@@ -176,6 +177,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
             break
     watch.stop = True
     watch.thread.join()
+    _emit("timing", batches=TIMING_BATCHES)
     timed = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]))
     del batches, loader
     intervals = ([b - a for a, b in itertools.pairwise(timed)] if len(timed) > 3 else
