@@ -79,8 +79,8 @@ def test_a_slab_that_cannot_be_traced_is_named_not_dropped():
     states = ModelStates(0, 0, 0, 0)
     spatial = rule_for(Strategy.SPATIAL)
     context = PlanContext(ClusterSpec(), find_gpu("T4"), estimator)
-    candidate, failure = spatial.size(spatial, base, states, context)
-    assert candidate is None
+    [(candidate, failure)], skipped = spatial.search(spatial, [(base, states)], context, [])
+    assert candidate is None and skipped == []
     assert re.match(r"spatial×\d+ \+ baseline: the slab could not be traced \(traced step: .*"
                     r"RuntimeError: .*\d+\] X \[524288, 2\]", failure)
 

@@ -50,6 +50,12 @@ def test_llama_7b_gets_the_cheapest_strategy_that_fits(llama_plan):
     assert not by_label(llama_plan, "ddp").fits and not by_label(llama_plan, "zero1").fits
 
 
+LEVERS = {"": {}, "mixed-precision": {"precision": "bf16-mixed"},
+          "checkpointing": {"activation_checkpointing": True},
+          "mixed-precision+checkpointing": {"precision": "bf16-mixed",
+                                            "activation_checkpointing": True},
+          "mixed-precision+offload": {"precision": "bf16-mixed", "offload_activations": True}}
+"""The spec changes of each single-GPU variant, by its label."""
 SEED = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-4090",
                     machine=MACHINE)
 
@@ -66,15 +72,17 @@ def test_the_seed_volume_on_a_24gb_gpu_is_split_spatially_with_its_new_max_batch
     assert chosen.gpus == min(c.gpus for c in plan.candidates if c.fits)
     assert f"--nproc-per-node={chosen.gpus}" in plan.torchrun and "nothing fits on 1" in plan.reason
     assert any(f"init_device_mesh('cuda', (1, {chosen.spatial_parts})" in n for n in chosen.notes)
-    # with checkpointing: the traced slab of its GPU count fits its batch, half as many do not
-    checkpointed = next(c for c in plan.candidates if c.fits and c.strategy is Strategy.SPATIAL
-                        and c.label.endswith("mixed-precision+checkpointing"))
-    lever = SEED.with_changes(gpu=None, precision="bf16-mixed", activation_checkpointing=True)
-    parts = checkpointed.spatial_parts
-    fitting = lever.with_changes(spatial_parts=parts, batch_size=checkpointed.max_batch_size)
+    # the traced slab of its GPU count fits its batch, half as many GPUs do not fit one sample
+    base = chosen.label.partition(" + ")[2]
+    lever = SEED.with_changes(gpu=None, **LEVERS[base])
+    parts = chosen.spatial_parts
+    fitting = lever.with_changes(spatial_parts=parts, batch_size=chosen.max_batch_size)
     assert estimate(fitting).device.total_bytes <= plan.usable_bytes
     fewer = lever.with_changes(spatial_parts=parts // 2, batch_size=1)
     assert estimate(fewer).device.total_bytes > plan.usable_bytes
+    # the other bases' slabs are not traced past the GPUs of the chosen one, and say so
+    skipped = [note for note in plan.assumptions if note.startswith("not traced: spatial")]
+    assert skipped and all(f"cannot rank above {chosen.label}" in note for note in skipped)
 
 
 @pytest.mark.parametrize("cluster, axis_length, expected", [
@@ -95,10 +103,8 @@ def test_the_seed_volume_on_one_gpu_only_gets_a_crop_that_fits():
     assert plan.recommended is None and "crops" in plan.reason
     crop = plan.largest_sample_shape
     assert crop[-1] == 3 and all(c < s for c, s in zip(crop[:3], (834, 224, 834), strict=True))
-    levers = {"mixed-precision+checkpointing": {"activation_checkpointing": True},
-              "mixed-precision+offload": {"offload_activations": True}}
     leanest = SEED.with_changes(sample_shape=crop, batch_size=1, gpu=None,
-                                precision="bf16-mixed", **levers[plan.largest_sample_strategy])
+                                **LEVERS[plan.largest_sample_strategy])
     assert estimate(leanest).device.total_bytes <= plan.usable_bytes
 
 

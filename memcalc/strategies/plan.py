@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING
 from memcalc.device.gpus import GpuSpec, find_gpu
 from memcalc.errors import InputError
 from memcalc.specs import DeviceKind, TrainingSpec
-from memcalc.strategies.candidates import PlanContext, single_gpu_candidate
+from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candidate
 from memcalc.strategies.launch import slurm_header, torchrun_command
+from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.rules import (
     MIXED_PRECISIONS,
@@ -24,6 +25,7 @@ from memcalc.strategies.variants import (
     TracedVariant,
     VariantEstimator,
     mixed_precision_for,
+    planned_spec,
     traced_variant,
 )
 from memcalc.trace.checkpointing import repeated_blocks
@@ -36,10 +38,13 @@ if TYPE_CHECKING:
 CROP_SEARCH_TRACES = 7
 
 
-def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec,
-                    estimator: VariantEstimator) -> StrategyPlan:
+def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: VariantEstimator,
+                    prune: bool = True) -> StrategyPlan:
     """Every strategy for ``spec`` on ``cluster``'s GPUs, each variant traced by
-    ``estimator``; needs ``spec.gpu``. ``memcalc.api.plan_spec`` passes the pipeline's."""
+    ``estimator``; needs ``spec.gpu``. ``memcalc.api.plan_spec`` passes the pipeline's.
+    ``prune``: skip spatial bases that cannot change the plan (named in the assumptions;
+    ``memcalc.strategies.spatial_search``); the recommendation and every candidate shown are
+    those of the plan without it."""
     if spec.gpu is None or spec.device is not DeviceKind.CUDA:
         raise InputError("the strategy planner needs a GPU for capacity and speed: give --gpu "
                          "(see `memcalc gpus`)")
@@ -52,8 +57,9 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec,
                                            v.report.device.plan.model_bytes))
     not_splittable = not_splittable_reason(model, baseline.report.input.traced_batch_shape[1:])
     context = PlanContext(cluster, gpu, estimator, not_splittable)
-    derived, failures = _derived_candidates(variants, largest_unit_fraction(model), context)
-    ranked = sorted(candidates + derived, key=lambda c: _rank_key(c, cluster))
+    derived, failures, skipped = _derived_candidates(variants, largest_unit_fraction(model),
+                                                     context, candidates, prune)
+    ranked = sorted(candidates + derived, key=lambda c: rank_key(c, cluster))
     chosen = _choose(ranked, cluster)
     usable = baseline.report.device.plan.usable_bytes
     host = baseline.report.host
@@ -63,10 +69,10 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec,
         cluster=cluster, usable_bytes=usable, candidates=ranked,
         recommended=chosen.label if chosen else None,
         reason=_static_warning(baseline) + _reason(chosen, ranked, cluster, usable,
-                                                   not_splittable),
+                                                   not_splittable) + _skipped(skipped),
         torchrun=torchrun_command(chosen, cluster) if chosen else None,
         slurm=slurm_header(chosen, cluster, host) if chosen else None,
-        assumptions=_assumptions(cluster, model, not_splittable) + failures,
+        assumptions=_assumptions(cluster, model, not_splittable) + failures + skipped,
         largest_sample_shape=crop,
         largest_sample_strategy=leanest.label if crop else None,
     )
@@ -74,13 +80,12 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec,
 
 def traced_variants(spec: TrainingSpec, context: VariantContext,
                     estimator: VariantEstimator) -> list[TracedVariant]:
-    """Every traced rule that applies to ``spec``, traced, in registration order."""
-    variants = []
-    for rule in traced_rules():
-        variant_spec = rule.variant(spec, context)
-        if variant_spec is not None:
-            variants.append(traced_variant(rule, variant_spec, estimator))
-    return variants
+    """Every traced rule that applies to ``spec``, traced, in registration order (all of them
+    asked for ahead at once)."""
+    applying = [(rule, rule.variant(spec, context)) for rule in traced_rules()]
+    applying = [(rule, variant_spec) for rule, variant_spec in applying if variant_spec]
+    estimator.prefetch([planned_spec(variant_spec) for _, variant_spec in applying])
+    return [traced_variant(rule, variant_spec, estimator) for rule, variant_spec in applying]
 
 
 def largest_fitting_sample(variant: TracedVariant, usable: int,
@@ -122,17 +127,28 @@ def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module) -> Vari
 
 
 def _derived_candidates(variants: list[TracedVariant], unit_fraction: float,
-                        context: PlanContext) -> tuple[list[Candidate], list[str]]:
-    """Every derived rule on every base variant, and why a rule could not build one."""
-    candidates: list[Candidate] = []
-    failures: list[str] = []
-    for base in (v for v in variants if v.rule.base):
-        states = _states(base, unit_fraction)
-        for rule in derived_rules():
-            candidate, failure = rule.size(rule, base, states, context)
-            candidates.extend([candidate] if candidate else [])
-            failures.extend([failure] if failure else [])
-    return candidates, failures
+                        context: PlanContext, single: list[Candidate], prune: bool
+                        ) -> tuple[list[Candidate], list[str], list[str]]:
+    """Every derived rule on every base variant (base by base, rules in registration order),
+    why a rule could not build one, and the bases a searching rule skipped. Rules sized in
+    closed form go first, so that searching ones can compare with all they built."""
+    bases = [(base, _states(base, unit_fraction)) for base in variants if base.rule.base]
+    sized: dict[tuple[int, int], Sized] = {}
+    rules = derived_rules()
+    for which, rule in enumerate(rules):
+        if rule.search is None:
+            for index, (base, states) in enumerate(bases):
+                sized[index, which] = rule.size(rule, base, states, context)
+    skipped: list[str] = []
+    for which, rule in enumerate(rules):
+        if rule.search is not None:
+            built = [c for c, _ in sized.values() if c is not None]
+            results, notes = rule.search(rule, bases, context, single + built, prune)
+            sized.update(((index, which), result) for index, result in enumerate(results))
+            skipped.extend(notes)
+    ordered = [sized[index, which] for index in range(len(bases)) for which in range(len(rules))]
+    return ([c for c, _ in ordered if c is not None], [f for _, f in ordered if f is not None],
+            skipped)
 
 
 def _states(base: TracedVariant, unit_fraction: float) -> ModelStates:
@@ -141,13 +157,6 @@ def _states(base: TracedVariant, unit_fraction: float) -> ModelStates:
                        gradient_bytes=static.gradient_bytes,
                        optimizer_state_bytes=static.optimizer_state_bytes,
                        largest_unit_parameter_bytes=int(static.parameter_bytes * unit_fraction))
-
-
-def _rank_key(candidate: Candidate, cluster: ClusterSpec) -> tuple:
-    """Fitting first; on the GPUs given, fastest first; beyond them, fewest GPUs first."""
-    beyond = candidate.gpus > cluster.gpus
-    return (not candidate.fits, beyond, candidate.gpus if beyond else 0,
-            -candidate.samples_per_s)
 
 
 def _choose(ranked: list[Candidate], cluster: ClusterSpec) -> Candidate | None:
@@ -208,6 +217,13 @@ def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterS
         reason += (f"; more per GPU-hour: {thriftier.label} on {thriftier.gpus} GPUs, "
                    f"{thriftier.samples_per_s:,.1f} samples/s")
     return reason
+
+
+def _skipped(skipped: list[str]) -> str:
+    if not skipped:
+        return ""
+    return (f"; {counted(len(skipped), 'spatial candidate')} not traced: none could change "
+            "this (see the assumptions)")
 
 
 def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | None) -> list[str]:

@@ -28,11 +28,12 @@ from memcalc.strategies.sharding import (
     gathered_unit_bytes,
     sharded_state_bytes,
 )
-from memcalc.strategies.spatial import fewest_spatial_parts
+from memcalc.strategies.spatial_search import search_spatial
 from memcalc.strategies.specs import Strategy
 
 if TYPE_CHECKING:
     from memcalc.strategies.candidates import PlanContext
+    from memcalc.strategies.report import Candidate
     from memcalc.strategies.variants import TracedVariant
 
 MIXED_PRECISIONS = (Precision.BF16_MIXED, Precision.FP16_MIXED)
@@ -65,6 +66,10 @@ class TracedRule:
 
 
 Sizer = Callable[["DerivedRule", "TracedVariant", ModelStates, "PlanContext"], Sized]
+Searcher = Callable[["DerivedRule", "list[tuple[TracedVariant, ModelStates]]", "PlanContext",
+                     "list[Candidate]", bool], tuple[list[Sized], list[str]]]
+"""Sizes a rule on every base at once: (rule, bases with their states, context, candidates
+built so far, prune) → each base's candidate or failure, and notes on bases it skipped."""
 
 
 def _no_bubble(per_gpu_s: float, steps: int, gpus: int) -> float:
@@ -85,6 +90,9 @@ class DerivedRule:
     """Seconds per optimizer step on the wire: (unsharded states, GPUs, bytes/s)."""
     size: Sizer = fewest_fitting_gpus
     """Finds the GPU count and builds the candidate (or says why it could not)."""
+    search: Searcher | None = None
+    """Instead of ``size``: sizes every base at once, after every ``size``d candidate is
+    built, by tracing (it may skip bases that cannot change the plan)."""
     more_gpus_fit: bool = True
     """False where every GPU keeps the whole states: more GPUs never make it fit."""
     compute_s: Callable[[float, int, int], float] = _no_bubble
@@ -263,6 +271,6 @@ register(DerivedRule(Strategy.ZERO2, _sharded(2), _gradient_all_reduce))
 register(DerivedRule(Strategy.FSDP, _sharded(3), _fsdp_collectives))
 register(DerivedRule(Strategy.PIPELINE, _pipeline, _stage_activations,
                      compute_s=_pipeline_bubble, micro_batches_in_flight=_two_per_stage))
-register(DerivedRule(Strategy.SPATIAL, _spatial, _gradient_all_reduce, size=fewest_spatial_parts,
+register(DerivedRule(Strategy.SPATIAL, _spatial, _gradient_all_reduce, search=search_spatial,
                      traced_per_gpu=True, name_format="spatial×{parts}",
                      method_format="traced slab (1/{parts}) of {base}"))

@@ -24,15 +24,26 @@ if TYPE_CHECKING:
     from memcalc.trace.flops import StepFlops
 
 
+def _nothing_ahead(specs: list[TrainingSpec]) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class VariantEstimator:
     """What the planner needs from the estimator: a report per spec (its batch planned when
     the spec has a capacity), the FLOPs of a training step, and the model built on the meta
-    device (for its repeated blocks and whether a sample can be split spatially)."""
+    device (for its repeated blocks and whether a sample can be split spatially).
+
+    ``prefetch`` may make the reports of specs the planner is about to ask for ahead, at once
+    (``width`` of them: in other processes), so that ``report`` then finds them; the planner
+    asks for them in the same order either way, so what it builds does not depend on it."""
 
     report: Callable[[TrainingSpec], Report]
     flops: Callable[[TrainingSpec, int], StepFlops]
     model: Callable[[TrainingSpec], nn.Module]
+    prefetch: Callable[[list[TrainingSpec]], None] = _nothing_ahead
+    width: int = 1
+    """How many reports are worth asking ``prefetch`` for at once (1: none ahead)."""
 
 
 @dataclass(frozen=True)
@@ -61,11 +72,16 @@ class TracedVariant:
         return self.rule.strategy.value
 
 
+def planned_spec(spec: TrainingSpec) -> TrainingSpec:
+    """The spec whose report a variant is traced and planned from: its batch left to plan."""
+    return spec.with_changes(batch_size=None)
+
+
 def traced_variant(rule: TracedRule, spec: TrainingSpec,
                    estimator: VariantEstimator) -> TracedVariant:
     """``spec`` traced and planned under ``rule``; a step whose FLOPs cannot be counted is
     timed at zero FLOPs rather than dropped (its memory is still known)."""
-    report = estimator.report(spec.with_changes(batch_size=None))
+    report = estimator.report(planned_spec(spec))
     device = report.device
     if device.flops is not None and device.batch_size:   # counted in the trace that ran
         return TracedVariant(rule, spec, report, device.flops.total / device.batch_size,
