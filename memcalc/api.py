@@ -9,6 +9,7 @@ moved). Other keyword arguments are ``TrainingSpec`` fields (``optimizer``, ``pr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -23,8 +24,10 @@ from memcalc.pipeline import estimate as estimate_spec
 from memcalc.pipeline import training_step_flops
 from memcalc.report.assumptions import TRACE_FAILED_PREFIX
 from memcalc.report.models import Report
+from memcalc.report_pool import ReportPool, workers_for
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, StrategyPlan, VariantEstimator, plan_strategies
+from memcalc.strategies.report_cache import ReportCache
 from memcalc.units import counted, format_bytes
 
 ModelLike = str | nn.Module | Callable[..., nn.Module]
@@ -72,10 +75,15 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
 
 
 def plan_spec(spec: TrainingSpec, cluster: ClusterSpec,
-              on_variant: Callable[[TrainingSpec], None] | None = None) -> StrategyPlan:
+              on_variant: Callable[[TrainingSpec], None] | None = None, *,
+              workers: int | None = None) -> StrategyPlan:
     """``plan`` for a spec and a cluster: every variant traced by ``memcalc.pipeline``;
-    ``on_variant`` is told of each variant before it is estimated (a progress display)."""
-    return plan_strategies(spec, cluster, pipeline_estimator(on_variant))
+    ``on_variant`` is told of each variant before it is estimated (a progress display).
+    ``workers``: processes making independent variants at once (None: one per core that
+    nothing else keeps busy, ``memcalc.report_pool.workers_for``; 0: this process only),
+    none for user code (``serial_reason``). The plan is the same either way."""
+    with ReportPool(workers_for(spec, workers)) as pool:
+        return plan_strategies(spec, cluster, pipeline_estimator(on_variant, pool))
 
 
 def _shape_tuple(sample_shape: Any) -> tuple[int, ...] | None:
@@ -88,14 +96,21 @@ def _shape_tuple(sample_shape: Any) -> tuple[int, ...] | None:
     return tuple(sample_shape)
 
 
-def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None
-                       ) -> VariantEstimator:
-    """The strategy planner's estimator for one plan: the pipeline's reports (sharing
-    torchinfo's tables across the variants) and FLOPs, the model built on the meta device."""
+def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None,
+                       pool: ReportPool | None = None) -> VariantEstimator:
+    """The strategy planner's estimator for one plan: the pipeline's reports, each spec's
+    made once (``ReportCache``; torchinfo's tables shared across the variants) and, with a
+    ``pool`` of workers, independent ones made at once; FLOPs; the model on the meta device."""
     report = partial(estimate_spec, layer_tables={})
     if on_variant is not None:
         report = partial(_announced, report, on_variant)
-    return VariantEstimator(report=report, flops=training_step_flops, model=_meta_model)
+    cache = ReportCache(report)
+    estimator = VariantEstimator(report=cache.report, flops=training_step_flops,
+                                 model=_meta_model)
+    if pool is None or pool.workers == 0:
+        return estimator
+    return replace(estimator, prefetch=partial(pool.fill, cache, report, on_variant),
+                   width=pool.width)
 
 
 def _announced(report: Callable[[TrainingSpec], Report],

@@ -119,7 +119,7 @@ def _kill_group(process) -> None:
 
 def _why_it_died(exitcode: int | None) -> str:
     script = getattr(sys.modules.get("__main__"), "__file__", None)
-    if exitcode == 1 and script and _lacks_main_guard(script):
+    if exitcode == 1 and script and lacks_main_guard(script):
         return (f"the isolated process could not start: {script} has no "
                 "`if __name__ == \"__main__\":` guard, and isolate=True starts a fresh "
                 "interpreter that imports it again; put the script's work under that guard")
@@ -131,7 +131,9 @@ def _why_it_died(exitcode: int | None) -> str:
             "without isolate to see the traceback")
 
 
-def _lacks_main_guard(path: str) -> bool:
+def lacks_main_guard(path: str) -> bool:
+    """The script at ``path`` runs its work on import: it has no ``if __name__ == "__main__":``
+    guard (a fresh interpreter started by ``multiprocessing`` imports it again)."""
     try:
         with open(path, encoding="utf-8", errors="replace") as source:
             return _MAIN_GUARD.search(source.read()) is None

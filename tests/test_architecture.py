@@ -22,7 +22,8 @@ LAYERS = [
     ("memcalc.report",),
     ("memcalc.strategies",),
     ("memcalc.render",),
-    ("memcalc.pipeline", "memcalc.isolation", "memcalc.api", "memcalc.api_errors", "memcalc.notebook",
+    ("memcalc.pipeline", "memcalc.isolation", "memcalc.report_pool", "memcalc.api",
+     "memcalc.api_errors", "memcalc.notebook",
      "memcalc.calibration", "memcalc.cli", "memcalc.__init__", "memcalc.__main__"),
 ]
 MAX_POSITIONAL = 7

@@ -1,0 +1,78 @@
+"""A plan makes each spec's report once and never traces one (spec, batch) twice."""
+
+from collections import Counter
+
+import pytest
+
+import memcalc.api
+import memcalc.pipeline
+from memcalc.api import plan_spec
+from memcalc.strategies import ClusterSpec, Strategy
+from memcalc.strategies.report_cache import ReportCache, spec_key
+
+from tests.fixtures.planner_cases import halo_net_spec
+
+SPEC = halo_net_spec(0.3)   # one sample does not fit one GPU: spatial slabs are traced too
+
+
+def test_a_spec_is_made_once_and_missing_lists_each_unmade_spec_once():
+    made = []
+    cache = ReportCache(lambda spec: made.append(spec) or f"report of {spec.precision.value}")
+    fp32, bf16 = SPEC, SPEC.with_changes(precision="bf16-mixed")
+    assert cache.report(fp32) == cache.report(SPEC.with_changes()) == "report of fp32"
+    assert made == [fp32]
+    assert cache.missing([bf16, fp32, bf16]) == [bf16]
+    cache.add(bf16, "made elsewhere")
+    assert cache.report(bf16) == "made elsewhere" and len(made) == 1 and len(cache) == 2
+
+
+def test_a_failure_is_not_kept():
+    calls = Counter()
+
+    def failing(spec):
+        calls["made"] += 1
+        raise ValueError(f"no report for {spec.model}")
+
+    cache = ReportCache(failing)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="no report for tests.fixtures"):
+            cache.report(SPEC)
+    assert calls["made"] == 2
+
+
+@pytest.fixture
+def traced(monkeypatch):
+    """Every (spec, batch shape) the plan traces, and every spec it estimates."""
+    record = {"traces": [], "estimates": []}
+    estimate, trace = memcalc.api.estimate_spec, memcalc.pipeline.trace_training_step
+
+    def counted_estimate(spec, *args, **kwargs):
+        record["estimates"].append(spec_key(spec))
+        return estimate(spec, *args, **kwargs)
+
+    def counted_trace(setup):
+        record["traces"].append((record["estimates"][-1], setup.batch_shape))
+        return trace(setup)
+
+    monkeypatch.setattr(memcalc.api, "estimate_spec", counted_estimate)
+    monkeypatch.setattr(memcalc.pipeline, "trace_training_step", counted_trace)
+    return record
+
+
+def test_a_plan_traces_no_spec_at_a_batch_twice(traced):
+    plan = plan_spec(SPEC, ClusterSpec(), workers=0)
+    assert any(c.strategy is Strategy.SPATIAL for c in plan.candidates)   # slabs traced too
+    assert len(traced["traces"]) == len(set(traced["traces"])) > 0
+    assert len(traced["estimates"]) == len(set(traced["estimates"]))
+
+
+def test_the_accumulation_variant_of_a_job_that_keeps_its_gradients_is_the_job(traced):
+    kept = SPEC.with_changes(zero_grad_to_none=False)
+    plan = plan_spec(kept, ClusterSpec(), workers=0)
+    rows = {c.label: c for c in plan.candidates}
+    baseline, accumulation = rows["baseline"], rows["accumulation"]
+    assert accumulation.per_gpu_peak_bytes == baseline.per_gpu_peak_bytes
+    # the job's own spec is estimated once, though two rules ask for it
+    assert traced["estimates"].count(spec_key(kept)) == 1
+    freed = SPEC.with_changes(zero_grad_to_none=True)
+    assert spec_key(freed.with_changes(zero_grad_to_none=False)) != spec_key(freed)

@@ -1,0 +1,105 @@
+"""Reports made in worker processes are the serial ones; a failure there is raised as in a
+serial plan; no worker outlives its pool, whichever way the pool's block is left."""
+
+import psutil
+import pytest
+
+from memcalc.api import plan_spec
+from memcalc.errors import ModelSourceError
+from memcalc.pipeline import estimate
+from memcalc import report_pool
+from memcalc.report_pool import MAX_WORKERS, ReportPool, serial_reason, workers_for
+from memcalc.specs import TrainingSpec
+from memcalc.strategies import ClusterSpec
+from memcalc.strategies.report_cache import ReportCache
+from tests.fixtures.planner_cases import MACHINE, capacity_for
+
+START_S = 120        # a spawned worker imports torch: generous on a loaded machine
+TINY = TrainingSpec(model="resnet3d", model_args={"depth": 10, "in_channels": 1,
+                                                  "num_classes": 4},
+                    sample_shape=(16, 16, 16, 1), gpu="T4", machine=MACHINE)
+PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+
+
+def variants():
+    """Three specs whose batch 1 does not fit (two traces each, no long batch search)."""
+    spec = capacity_for(TINY, 0.3)
+    return [spec.with_changes(precision=precision) for precision in PRECISIONS]
+
+
+def alive(pids):
+    return [pid for pid in pids if psutil.pid_exists(pid)
+            and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+
+def worker_pids():
+    return {child.pid for child in psutil.Process().children(recursive=True)
+            if "spawn_main" in " ".join(child.cmdline())}
+
+
+def test_a_plan_made_with_workers_is_the_serial_plan():
+    spec = capacity_for(TINY, 0.3)       # spatial slabs are searched too
+    serial = plan_spec(spec, ClusterSpec(), workers=0)
+    with ReportPool(1) as pool:
+        assert pool.start(START_S)
+        from memcalc.api import pipeline_estimator
+        from memcalc.strategies import plan_strategies
+        parallel = plan_strategies(spec, ClusterSpec(), pipeline_estimator(None, pool))
+        made_there, pids = pool.made_in_workers, worker_pids()
+    assert made_there > 0 and pids
+    assert parallel.model_dump_json() == serial.model_dump_json()
+    assert not alive(pids)
+
+
+def test_reports_from_a_worker_are_those_made_here():
+    specs = variants()
+    made_here = []
+    cache = ReportCache(estimate)
+    with ReportPool(1) as pool:
+        assert pool.start(START_S)
+        pool.fill(cache, lambda s: made_here.append(s) or estimate(s), None, specs)
+        assert pool.made_in_workers == len(specs) - len(made_here) > 0
+    for spec in specs:
+        assert cache.report(spec).model_dump_json() == estimate(spec).model_dump_json()
+
+
+def test_a_failure_in_a_worker_is_raised_when_asked_as_in_a_serial_plan():
+    bad = [TINY.with_changes(model_args={"depth": depth}) for depth in (7, 9)]
+    with pytest.raises(ModelSourceError) as serial:
+        estimate(bad[0])
+    cache = ReportCache(estimate)
+    with ReportPool(1) as pool:
+        assert pool.start(START_S)
+        pool.fill(cache, estimate, None, bad)
+    assert cache.missing(bad) == bad
+    with pytest.raises(ModelSourceError) as planned:
+        cache.report(bad[0])
+    assert str(planned.value) == str(serial.value) and "depth must be one of" in str(serial.value)
+
+
+def test_no_worker_outlives_an_interrupt():
+    def interrupted(spec):
+        raise KeyboardInterrupt
+
+    specs = variants()
+    with pytest.raises(KeyboardInterrupt), ReportPool(1) as pool:
+        assert pool.start(START_S)
+        pids = worker_pids()
+        pool.fill(ReportCache(estimate), interrupted, None, specs)
+    assert pids and not alive(pids)
+
+
+@pytest.mark.parametrize("cores, busy, workers", [
+    (1, 0.0, 0), (2, 0.1, 1), (2, 1.0, 0), (2, 2.0, 0), (4, 1.2, 2), (64, 0.0, MAX_WORKERS)])
+def test_workers_take_the_cores_nothing_else_keeps_busy(monkeypatch, cores, busy, workers):
+    monkeypatch.setattr(report_pool, "usable_cores", lambda: cores)
+    monkeypatch.setattr(report_pool, "busy_cpus", lambda seconds: busy)
+    assert workers_for(TINY) == workers
+    assert workers_for(TINY, 2) == 2     # asked for: as many, whatever the load
+
+
+def test_user_code_and_measured_loaders_stay_in_this_process():
+    assert serial_reason(TINY) is None
+    user = TINY.with_changes(model="tests.fixtures.models:conv_then_linear")
+    assert "not a zoo model" in serial_reason(user)
+    assert workers_for(user, 3) == 0 and workers_for(TINY, 3) == 3 and workers_for(TINY, 0) == 0
