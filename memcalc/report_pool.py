@@ -137,7 +137,7 @@ class ReportPool:
                 index = queue.popleft()
                 if announce is not None:
                     announce(specs[index])
-                running[executor.submit(_worker_report, specs[index])] = index
+                running[_submit(executor, _worker_report, specs[index])] = index
             elif queue:
                 index = queue.pop()
                 with contextlib.suppress(Exception):    # made again, and raised, when asked
@@ -169,7 +169,7 @@ class ReportPool:
         context = multiprocessing.get_context("spawn")
         self._executor = ProcessPoolExecutor(self.workers, mp_context=context,
                                              initializer=_worker_start)
-        self._started = self._executor.submit(os.getpid)
+        self._started = _submit(self._executor, os.getpid)
         return self._executor
 
     def start(self, timeout_s: float | None = None) -> bool:
@@ -201,6 +201,19 @@ class ReportPool:
                     process.kill()
                     process.join(_END_GRACE_S)
         executor.shutdown(wait=True)
+
+
+def _submit(executor: ProcessPoolExecutor, call: Callable, *args) -> Future:
+    """``executor.submit`` with SIGINT blocked meanwhile: a worker it starts inherits the block,
+    so a Ctrl-C while the worker still imports cannot print its traceback (the caller gets the
+    signal when the block is lifted)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return executor.submit(call, *args)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        return executor.submit(call, *args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _worker_start() -> None:

@@ -1,6 +1,12 @@
 """Reports made in worker processes are the serial ones; a failure there is raised as in a
 serial plan; no worker outlives its pool, whichever way the pool's block is left."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+
 import psutil
 import pytest
 
@@ -103,3 +109,34 @@ def test_user_code_and_measured_loaders_stay_in_this_process():
     user = TINY.with_changes(model="tests.fixtures.models:conv_then_linear")
     assert "not a zoo model" in serial_reason(user)
     assert workers_for(user, 3) == 0 and workers_for(TINY, 3) == 3 and workers_for(TINY, 0) == 0
+
+
+@pytest.mark.parametrize("signal_name, whole_group, code, line", [
+    ("SIGINT", True, 130, "Error: interrupted"),             # Ctrl-C reaches every process
+    ("SIGTERM", False, 143, "Error: terminated (SIGTERM)"),  # a kill of the command alone
+])
+def test_a_stopped_plan_leaves_no_worker_and_prints_one_line(signal_name, whole_group, code,
+                                                             line):
+    command = [sys.executable, "-m", "tests.fixtures.idle_cli", "plan", "--model", "resnet3d",
+               "--shape", "834,224,834,3", "--gpu", "RTX-4090"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True)
+    seen, deadline = set(), time.monotonic() + START_S
+    while not any("spawn_main" in " ".join(_cmdline(pid)) for pid in seen):
+        assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
+        seen |= {c.pid for c in psutil.Process(process.pid).children(recursive=True)}
+        time.sleep(0.05)
+    time.sleep(0.5)
+    number = getattr(signal, signal_name)
+    os.killpg(process.pid, number) if whole_group else process.send_signal(number)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == code and stderr.strip() == line
+    time.sleep(0.5)
+    assert not alive(seen)
+
+
+def _cmdline(pid):
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
