@@ -26,12 +26,13 @@ def test_more_runnable_processes_than_cores_share_them():
     # the main process spins a core while the GPU is busy (share u): u = 8·2/(8+u)·0.05,
     # the positive root of u² + 8u − 0.8
     assert utilization(8, 0.01, 0.2, cpus=2) == pytest.approx((-8 + math.sqrt(64 + 3.2)) / 2)
-    # one other busy core on 2: two workers and a sleeping main get 2/3 of a core each
+    # other processes use one of 2 cores: two workers and a sleeping main share the other
     assert utilization(2, 0.01, 0.04, cpus=2, main_busy=0, other_busy_cpus=1) == \
-        pytest.approx(2 * (2 / 3) * 0.25)
-    # without workers the main process builds on its own core unless others crowd it
-    assert utilization(0, 0.01, 0.04, cpus=2, other_busy_cpus=3) == \
-        pytest.approx(0.01 / (0.01 + 0.04 * 2))
+        pytest.approx(2 * 0.5 * 0.25)
+    # without workers the main process builds on a core of its own unless others leave less
+    assert utilization(0, 0.01, 0.04, cpus=2, other_busy_cpus=1.5) == \
+        pytest.approx(0.01 / (0.01 + 0.04 / 0.5))
+    assert utilization(0, 0.01, 0.04, cpus=2, other_busy_cpus=1) == pytest.approx(0.2)
     # spare cores: a spinning main process costs the workers nothing
     assert utilization(2, 0.03, 0.04, cpus=4) == utilization(2, 0.03, 0.04, cpus=4, main_busy=0)
 

@@ -109,6 +109,6 @@ def test_feed_opens_with_the_best_measured_share_and_the_models_worst_distance()
     rows = [FeedRow(num_workers=w, predicted_gpu_utilization=p, measured_gpu_utilization=m)
             for w, p, m in ((0, 0.3, 0.28), (1, 0.5, 0.56), (2, 0.9, 0.88))]
     check = FeedCheck(dataset="d:f", batch_size=4, step_time_s=0.01, seconds_per_sample=0.01,
-                      cpus=2, consumer="spin", other_busy_cpus=0.0, rows=rows)
+                      cpus=2, consumer="spin", rows=rows)
     assert feed_verdict(check) == ("MEASURED: GPU busy 88% at best (2 workers); the model is "
                                    "within 6 points at every count")

@@ -1,7 +1,8 @@
 """``memcalc feed``: the real DataLoader against a simulated GPU step, measured GPU
 utilisation per worker count next to the feeding model's, on this machine as loaded now.
 
-The simulated step either sleeps (a process that waits without using a core) or spins for
+Each worker count is predicted with the load other processes put on the CPUs while it was
+measured (``host.machine.OtherLoad``). The simulated step either sleeps (a process that waits without using a core) or spins for
 the step time (a training process whose CUDA synchronisation spin-waits, the default)."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import utilization
-from memcalc.host.machine import busy_cpus
+from memcalc.host.machine import OtherLoad
 from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
@@ -28,6 +29,9 @@ class FeedRow(BaseModel):
     num_workers: int
     predicted_gpu_utilization: float
     measured_gpu_utilization: float
+    other_busy_cpus: float = 0.0
+    """Cores other processes kept busy while this count was measured; the prediction shares
+    the CPUs with them."""
 
 
 class FeedCheck(BaseModel):
@@ -43,8 +47,6 @@ class FeedCheck(BaseModel):
     cpus: int
     consumer: str
     """How the simulated step passes its time: ``sleep`` or ``spin``."""
-    other_busy_cpus: float
-    """Cores other processes kept busy just before the check (the model shares the CPUs)."""
     rows: list[FeedRow]
 
 
@@ -58,21 +60,23 @@ _STEPS = {"sleep": time.sleep, "spin": _spin}
 
 
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
-                         batches: int, consumer: str = "sleep") -> float:
-    """Share of wall time the simulated GPU (one step per batch) is busy, after warm-up."""
+                         batches: int, consumer: str = "sleep") -> tuple[float, float]:
+    """Share of wall time the simulated GPU (one step per batch) is busy after warm-up, and
+    the cores other processes kept busy meanwhile."""
     step = _STEPS[consumer]
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False)
     iterator = iter(loader)
     for _ in range(WARMUP_BATCHES + workers):     # worker start-up and queue fill
         next(iterator)
         step(step_s)
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(iterator)
-        step(step_s)
-    elapsed = time.perf_counter() - start
+    with OtherLoad() as others:
+        start = time.perf_counter()
+        for _ in range(batches):
+            next(iterator)
+            step(step_s)
+        elapsed = time.perf_counter() - start
     del iterator
-    return batches * step_s / elapsed
+    return batches * step_s / elapsed, others.busy_cpus
 
 
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
@@ -86,17 +90,17 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
         raise InputError(f"dataset {reference!r} has {len(dataset)} samples; the check needs "
                          f"{needed} ((warm-up + largest --workers + --batches) × batch size); "
                          "lower --batches or --workers")
-    rows, others = [], busy_cpus()
+    rows = []
     for workers in worker_counts:
+        measured, others = measured_utilization(dataset, batch_size, workers, step_s, batches,
+                                                consumer)
         rows.append(FeedRow(
-            num_workers=workers,
+            num_workers=workers, measured_gpu_utilization=measured, other_busy_cpus=others,
             predicted_gpu_utilization=utilization(
                 workers, step_s, seconds_per_sample * batch_size, cpus,
-                main_busy=CONSUMERS[consumer], other_busy_cpus=others),
-            measured_gpu_utilization=measured_utilization(dataset, batch_size, workers, step_s,
-                                                          batches, consumer)))
+                main_busy=CONSUMERS[consumer], other_busy_cpus=others)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
                      seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
-                     other_busy_cpus=others, rows=rows)
+                     rows=rows)

@@ -4,17 +4,17 @@ Workers build batches in parallel, one at a time each, so W workers deliver W ba
 batch-build time; prefetching only absorbs jitter. With no workers the main process builds
 each batch between steps. The pin-memory copy is serial in the main process's pin thread.
 
-The CPUs are shared the way Linux's scheduler shares them: every runnable process gets an
-equal part, at most one core. Runnable are the W workers, other load on the machine (busy
-cores, measured by ``memcalc feed``; none on a dedicated training node) and the training
-process itself for the share ``main_busy`` of a step it keeps a core busy: ``1`` for a real
-GPU job (kernel launches, then CUDA's default synchronisation spins while the GPU works:
-``cudaDeviceScheduleAuto`` spins when there are fewer CUDA contexts than cores), ``0`` for a
-consumer that sleeps. With u the GPU-busy share:
+The cores left to the job — C less what other processes use (none on a dedicated training
+node; ``memcalc feed`` measures it) — are shared the way Linux's scheduler shares them: every
+runnable process of the job gets an equal part, at most one core. Runnable are the W workers
+and the training process itself for the share ``main_busy`` of a step it keeps a core busy:
+``1`` for a real GPU job (kernel launches, then CUDA's default synchronisation spins while the
+GPU works: ``cudaDeviceScheduleAuto`` spins when there are fewer CUDA contexts than cores),
+``0`` for a consumer that sleeps. With u the GPU-busy share and A = C − other load:
 
-    share(n)       = min(1, C / n)                       n runnable processes on C cores
-    utilisation(0) = step / (step + build / share(1 + other) + pin)
-    utilisation(W) = u solving u = min(1, W × share(W + other + main_busy × u) × step / build,
+    share(n)       = min(1, A / n)                       n runnable processes on A cores
+    utilisation(0) = step / (step + build / share(1) + pin)
+    utilisation(W) = u solving u = min(1, W × share(W + main_busy × u) × step / build,
                                        step / pin)
 """
 
@@ -63,7 +63,12 @@ class ThroughputReport(BaseModel):
     assumptions: list[str]
 
 
-def cpu_share(runnable: float, cpus: int) -> float:
+MIN_AVAILABLE_CPUS = 0.05
+"""A floor for the cores left to the job, so a fully loaded machine reads as very slow rather
+than as a division by zero."""
+
+
+def cpu_share(runnable: float, cpus: float) -> float:
     """The part of a core each of ``runnable`` busy processes gets on ``cpus`` cores."""
     return min(1.0, cpus / runnable) if runnable > 0 else 1.0
 
@@ -72,13 +77,15 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
                 main_busy: float = GPU_JOB_MAIN_BUSY, other_busy_cpus: float = 0.0) -> float:
     """Share of wall time the GPU is busy with ``workers`` DataLoader workers (module text).
 
-    ``load_s`` is one worker's time for one batch on a core of its own."""
+    ``load_s`` is one worker's time for one batch on a core of its own; ``other_busy_cpus``
+    the cores other processes use meanwhile."""
+    available = max(MIN_AVAILABLE_CPUS, cpus - other_busy_cpus)
     if workers == 0:
-        build_s = load_s / cpu_share(1 + other_busy_cpus, cpus)
+        build_s = load_s / cpu_share(1, available)
         return step_s / (step_s + build_s + pin_s)
 
     def sustained(busy: float) -> float:
-        share = cpu_share(workers + other_busy_cpus + main_busy * busy, cpus)
+        share = cpu_share(workers + main_busy * busy, available)
         bounds = [1.0, workers * share * step_s / load_s] + ([step_s / pin_s] if pin_s else [])
         return min(bounds)
 

@@ -129,16 +129,58 @@ def busy_cpus(seconds: float = 0.5) -> float:
     is everything else's load), 0 where it cannot be read."""
     import time
 
-    def totals() -> tuple[int, int]:
-        with open("/proc/stat") as stat:
-            ticks = [int(field) for field in stat.readline().split()[1:]]
-        return sum(ticks), ticks[3] + ticks[4]     # all, idle + iowait
-
     try:
-        (total_0, idle_0), _ = totals(), time.sleep(seconds)
-        total_1, idle_1 = totals()
+        (total_0, idle_0), _ = _stat_ticks(), time.sleep(seconds)
+        total_1, idle_1 = _stat_ticks()
     except (OSError, ValueError, IndexError):
         return 0.0
     if total_1 <= total_0:
         return 0.0
     return max(0.0, _cpu_count(Path("/")) * (1 - (idle_1 - idle_0) / (total_1 - total_0)))
+
+
+def _stat_ticks() -> tuple[int, int]:
+    """All and idle (idle + iowait) CPU ticks since boot, from ``/proc/stat``."""
+    with open("/proc/stat") as stat:
+        ticks = [int(field) for field in stat.readline().split()[1:]]
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+class OtherLoad:
+    """Cores other processes keep busy while a ``with`` block runs: the machine's busy time
+    (``/proc/stat``) less the CPU time of this process and of its children alive at both
+    ends (``psutil``), over the block's wall time; 0 where it cannot be read."""
+
+    def __enter__(self) -> OtherLoad:
+        self._start = self._snapshot()
+        self.busy_cpus = 0.0
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        end = self._snapshot()
+        if self._start is None or end is None:
+            return
+        (wall_0, total_0, idle_0, own_0), (wall_1, total_1, idle_1, own_1) = self._start, end
+        if total_1 <= total_0 or wall_1 <= wall_0:
+            return
+        machine = _cpu_count(Path("/")) * (1 - (idle_1 - idle_0) / (total_1 - total_0))
+        own = sum(own_1[pid] - own_0[pid] for pid in own_1.keys() & own_0.keys())
+        self.busy_cpus = max(0.0, machine - own / (wall_1 - wall_0))
+
+    @staticmethod
+    def _snapshot() -> tuple[float, int, int, dict[int, float]] | None:
+        import time
+
+        me = psutil.Process()
+        own = {}
+        for process in [me, *me.children(recursive=True)]:
+            try:
+                times = process.cpu_times()
+                own[process.pid] = times.user + times.system
+            except psutil.Error:        # exited meanwhile
+                continue
+        try:
+            total, idle = _stat_ticks()
+        except (OSError, ValueError, IndexError):
+            return None
+        return time.monotonic(), total, idle, own

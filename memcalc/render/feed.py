@@ -34,14 +34,15 @@ def feed_renderable(check: FeedCheck) -> Group:
     """Measured against predicted GPU utilisation for each worker count."""
     table = Table(title=f"{check.dataset}: batch {check.batch_size}, simulated step "
                         f"{check.step_time_s * 1e3:.3g} ms, {check.seconds_per_sample * 1e3:.3g} "
-                        f"ms per sample (measured in a real worker), {check.cpus} CPUs "
-                        f"({check.other_busy_cpus:.1f} busy with other work), the step "
-                        f"{check.consumer}s",
+                        f"ms per sample (measured in a real worker), {check.cpus} CPUs, "
+                        f"the step {check.consumer}s",
                   title_justify="left")
-    for column in ("num_workers", "predicted GPU busy", "measured GPU busy", "difference"):
+    for column in ("num_workers", "other load", "predicted GPU busy", "measured GPU busy",
+                   "difference"):
         table.add_column(column, justify="right")
     for row in check.rows:
-        table.add_row(str(row.num_workers), f"{row.predicted_gpu_utilization:.0%}",
+        table.add_row(str(row.num_workers), f"{row.other_busy_cpus:.1f} CPUs",
+                      f"{row.predicted_gpu_utilization:.0%}",
                       f"{row.measured_gpu_utilization:.0%}",
                       f"{100 * (row.predicted_gpu_utilization - row.measured_gpu_utilization):+.0f} pt")
     return Group(table)
