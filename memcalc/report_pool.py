@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import math
 import multiprocessing
 import os
 import signal
@@ -90,7 +91,7 @@ def workers_for(spec: TrainingSpec, requested: int | None = None) -> int:
     if cores < MIN_CORES:
         return 0
     spare = cores - 1 - busy_cpus(LOAD_SAMPLE_S)
-    return max(0, min(MAX_WORKERS, cores - 1, round(spare)))
+    return max(0, min(MAX_WORKERS, cores - 1, math.floor(spare + 0.5)))
 
 
 class ReportPool:
