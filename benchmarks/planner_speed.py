@@ -1,0 +1,127 @@
+"""Planner speed: `memcalc plan` against `memcalc estimate` on the seed case, as the ratio of
+their wall times (fresh processes, median of 3 runs each), with the traced steps each makes
+and the cores it ran on; then the plan with and without worker processes, to show whether
+they pay off here. Prints the tables and writes benchmarks/results-planner.md.
+
+    python -m benchmarks.planner_speed
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from unittest.mock import patch
+
+from benchmarks.results import publish
+from memcalc.api import plan_spec
+from memcalc.pipeline import estimate
+from memcalc.report.models import Report
+from memcalc.report_pool import MIN_CORES, usable_cores, workers_for
+from memcalc.specs import TrainingSpec
+from memcalc.strategies import ClusterSpec
+from memcalc.strategies.report_cache import ReportCache, spec_key
+
+RESULTS = Path(__file__).with_name("results-planner.md")
+SEED_ARGS = ["--model", "resnet3d", "--shape", "834,224,834,3", "--gpu", "RTX-4090"]
+SEED = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-4090")
+RUNS = 3
+TARGET_RATIO = 2.0
+_PLAN_WITH = ("import sys; from memcalc.api import plan_spec; from memcalc.specs import "
+              "TrainingSpec; from memcalc.strategies import ClusterSpec; plan_spec(TrainingSpec("
+              "model='resnet3d', sample_shape=(834, 224, 834, 3), gpu='RTX-4090'), "
+              "ClusterSpec(), workers=int(sys.argv[1]))")
+
+
+def median_wall_s(argv: list[str], runs: int = RUNS) -> tuple[float, list[float]]:
+    """Median wall seconds of ``runs`` fresh processes of ``argv``, and each run's."""
+    walls = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls), walls
+
+
+def traces_in(report: Report) -> int:
+    """Steps traced for a report: the batch plan's traced points (a planned spec traces
+    nothing else)."""
+    return sum(point.method == "traced" for point in report.device.plan.points)
+
+
+def plan_traces(workers: int) -> int:
+    """Steps traced by a plan of the seed, over every report it made, ahead or not (made in
+    this process to count them; the timings are of fresh processes)."""
+    made: dict[str, Report] = {}
+    report, add = ReportCache.report, ReportCache.add
+
+    def reported(cache: ReportCache, spec: TrainingSpec) -> Report:
+        made[spec_key(spec)] = report(cache, spec)
+        return made[spec_key(spec)]
+
+    def added(cache: ReportCache, spec: TrainingSpec, result: Report) -> None:
+        made[spec_key(spec)] = result
+        add(cache, spec, result)
+
+    with patch.object(ReportCache, "report", reported), patch.object(ReportCache, "add", added):
+        plan_spec(SEED, ClusterSpec(), workers=workers)
+    return sum(traces_in(r) for r in made.values())
+
+
+def load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.2f} / {five:.2f}"
+
+
+def main() -> None:
+    cores, workers = usable_cores(), workers_for(SEED)
+    start_load = load()
+    cli = [sys.executable, "-m", "memcalc"]
+    estimate_s, estimate_runs = median_wall_s([*cli, "estimate", *SEED_ARGS])
+    plan_s, plan_runs = median_wall_s([*cli, "plan", *SEED_ARGS])
+    by_workers = {n: median_wall_s([sys.executable, "-c", _PLAN_WITH, str(n)])
+                  for n in sorted({0, workers, max(1, cores - 1)})}
+    estimate_traces = traces_in(estimate(SEED))
+    traces = {n: plan_traces(n) for n in by_workers}
+    ratio = plan_s / estimate_s
+    runs = lambda walls: ", ".join(f"{w:.2f}" for w in walls)  # noqa: E731
+    lines = [
+        f"Measured {datetime.date.today()} on {platform.machine()} "
+        f"({platform.processor() or 'cpu'}), {cores} usable core(s) "
+        f"(`os.sched_getaffinity`), load average (1 / 5 min) {start_load} at the start and "
+        f"{load()} at the end, Python {platform.python_version()}. Regenerate with "
+        "`python -m benchmarks.planner_speed`.",
+        "",
+        f"Seed case `{' '.join(SEED_ARGS)}`; wall time of a fresh `python -m memcalc` process "
+        f"(imports included), median of {RUNS} runs. Each `memcalc plan` picks its worker "
+        "processes at its start: one per core that neither it nor other processes keep busy "
+        f"(none below {MIN_CORES} usable cores); at the benchmark's start that was {workers}. "
+        "Traced steps are counted from the reports made (the batch plans' traced points), "
+        "those made ahead in workers included (they may be skipped after all).",
+        "",
+        "| command | wall s (median) | runs (s) | traced steps |",
+        "|---|---:|---:|---:|",
+        f"| memcalc estimate | {estimate_s:.2f} | {runs(estimate_runs)} | {estimate_traces} |",
+        f"| memcalc plan | {plan_s:.2f} | {runs(plan_runs)} | {traces[workers]} |",
+        "",
+        f"**plan / estimate = {ratio:.2f}** (target ≤ {TARGET_RATIO:g}: "
+        f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}).",
+        "",
+        "The plan through `memcalc.api.plan_spec` in a fresh `python -c` process, by worker "
+        "processes (0: this process only):",
+        "",
+        "| workers | wall s (median) | runs (s) | traced steps | plan / estimate |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {n} | {median:.2f} | {runs(walls)} | {traces[n]} | {median / estimate_s:.2f} |"
+              for n, (median, walls) in by_workers.items()]
+    publish(RESULTS, "memcalc planner speed", lines)
+
+
+if __name__ == "__main__":
+    main()
