@@ -47,8 +47,13 @@ def alive(pids, timeout_s=10.0):
 
 
 def worker_pids():
+    def command(child):
+        try:
+            return " ".join(child.cmdline())
+        except psutil.Error:    # exited meanwhile, or a zombie another test left unreaped
+            return ""
     return {child.pid for child in psutil.Process().children(recursive=True)
-            if "spawn_main" in " ".join(child.cmdline())}
+            if "spawn_main" in command(child)}
 
 
 def test_a_plan_made_with_workers_is_the_serial_plan():

@@ -26,6 +26,8 @@ from memcalc.host.report import HostFix, HostReport, WorkerMeasurement
 from memcalc.host.specs import HostSpec, LoaderSpec
 from memcalc.units import format_bytes
 
+_OWN_PROCESS_GROUP = ({"process_group": 0} if sys.version_info >= (3, 11)
+                      else {"preexec_fn": os.setpgrp})
 Progress = Callable[[str, int, int], None]
 """Told the probe's phase (``building``, ``memory``, ``timing``), batches measured so far and
 the worker's latest private bytes."""
@@ -53,10 +55,12 @@ def measure_worker(loader: LoaderSpec, batch_size: int, env: dict[str, str] | No
     command = [sys.executable, "-m", "memcalc.host.probe", json.dumps(config), str(write_fd)]
     environment = {**os.environ, **(env or {}), "PYTHONPATH": _pythonpath()}
     with tempfile.TemporaryFile() as output:
-        # its own session: one process group with its DataLoader workers, killed as a group
+        # its own process group with its DataLoader workers, killed as a group; not its own
+        # session: with the kernel's autogroup scheduling a new session is scheduled as a
+        # group of its own and would get more CPU on a busy machine than the user's loader
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
                                    stderr=output, pass_fds=(write_fd,), env=environment,
-                                   cwd=os.getcwd(), start_new_session=True)
+                                   cwd=os.getcwd(), **_OWN_PROCESS_GROUP)
         os.close(write_fd)
         try:
             result = _read_events(read_fd, loader, progress)
