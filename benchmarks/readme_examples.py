@@ -22,10 +22,13 @@ FENCE = "```"
 WIDTH = 80
 COMMAND_TIMEOUT_S = 900
 _DIGITS = re.compile(r"[0-9][0-9.,]*")
+_RULES = re.compile(r"[─━═]+")
 
 
 def _mask(line: str) -> str:
-    return _DIGITS.sub("#", line).strip()
+    """The line with its digits masked and its horizontal rules one character long (a box's
+    width follows the terminal and its content)."""
+    return _RULES.sub("─", _DIGITS.sub("#", line)).strip()
 
 
 def _opens(old_first: str, line: str) -> bool:
