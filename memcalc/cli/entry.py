@@ -4,13 +4,19 @@ the finished command alive for ever)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
+import time
 
 import click
 
 from memcalc.cli.commands import main
+
+STRAY_GRACE_S = 2.0
+"""How long threads still running at the end get to finish (a process pool's manager thread
+ends once its pool is collected) before they are called left running."""
 
 
 def run() -> None:
@@ -19,8 +25,13 @@ def run() -> None:
         code: object = 0
     except SystemExit as done:
         code = done.code
-    stray = [thread for thread in threading.enumerate()
-             if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
+    stray = _running_threads()
+    if stray:
+        gc.collect()            # an unreferenced executor wakes its manager thread to end
+        deadline = time.monotonic() + STRAY_GRACE_S
+        for thread in stray:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        stray = _running_threads()
     if not stray:
         sys.exit(code)
     click.echo(f"Warning: stopped {len(stray)} thread{'s' if len(stray) > 1 else ''} that your "
@@ -28,3 +39,8 @@ def run() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+
+
+def _running_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate()
+            if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
