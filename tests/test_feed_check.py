@@ -25,7 +25,7 @@ def check(request):
     # the sample time is measured right before the check, as `memcalc feed` does, so both
     # see the machine as it is loaded then
     return feed_check(DATASET, BATCH, STEP_S, [0, 1, 2], cpus=2, batches=20,
-                      seconds_per_sample=_measured().seconds_per_sample, consumer=request.param)
+                      seconds_per_sample=_measured().feeding_seconds_per_sample, consumer=request.param)
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
@@ -61,3 +61,23 @@ def test_measured_sample_time_matches_a_plain_dataloader_under_the_same_load():
     assert measured.seconds_per_sample >= 0.95 * SPIN_SECONDS
     assert min(before, after) / 1.2 <= measured.seconds_per_sample <= max(before, after) * 1.2, \
         (before, measured.seconds_per_sample, after)
+
+
+def test_core_time_per_sample_leaves_out_waiting_for_a_cpu():
+    # two processes burning a core each, in sessions of their own (the kernel's autogroup
+    # schedules each as a group): the worker waits for a CPU much of the time, and its time
+    # per sample with a core to itself stays near the CPU time each sample spins
+    import subprocess
+    import sys
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                start_new_session=True) for _ in range(2)]
+    try:
+        measured = _measured()
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    assert measured.core_seconds_per_sample is not None
+    assert 0.9 * SPIN_SECONDS <= measured.core_seconds_per_sample <= 1.5 * SPIN_SECONDS, measured
+    assert measured.core_seconds_per_sample <= measured.seconds_per_sample

@@ -258,7 +258,7 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer
             sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
                                     progress=progress)
             result = feed_check(dataset, batch_size, step_time, counts,
-                                seconds_per_sample=sample.seconds_per_sample,
+                                seconds_per_sample=sample.feeding_seconds_per_sample,
                                 cpus=cpus or detect_machine().cpus, batches=batches,
                                 consumer=consumer)
         _show(result, as_json, feed_renderable, feed_verdict)

@@ -43,7 +43,8 @@ class FeedCheck(BaseModel):
     batch_size: int
     step_time_s: float
     seconds_per_sample: float
-    """From a separate real-worker measurement (``memcalc.host.probe``)."""
+    """From a separate real-worker measurement (``memcalc.host.probe``): the worker's time per
+    sample with a core to itself, which the model shares among the job's processes."""
     cpus: int
     consumer: str
     """How the simulated step passes its time: ``sleep`` or ``spin``."""

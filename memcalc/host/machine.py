@@ -184,3 +184,15 @@ class OtherLoad:
         except (OSError, ValueError, IndexError):
             return None
         return time.monotonic(), total, idle, own
+
+
+def cpu_wait_seconds(pid: int) -> float | None:
+    """Seconds the process's main thread has spent runnable but waiting for a CPU, from
+    ``/proc/PID/schedstat`` (its second field, in ns; the kernel's scheduler statistics);
+    None where it cannot be read. Wall time less this is the time the thread would have
+    taken with a core to itself."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None

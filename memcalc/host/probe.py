@@ -34,6 +34,7 @@ from memcalc.errors import (
     dataloader_worker_failure,
     first_line,
 )
+from memcalc.host.machine import cpu_wait_seconds
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
 
@@ -109,16 +110,28 @@ class _WorkerWatch:
         return peak
 
 
-def _timed_arrivals(batches, seconds: float) -> list[float]:
+def _timed_arrivals(batches, seconds: float, worker_pid: int) -> tuple[list[float], list[float]]:
     """Arrival times of up to TIMING_BATCHES more batches, nothing else running beside them
-    (empty at the dataset's end)."""
-    arrivals, deadline = [time.monotonic()], time.monotonic() + seconds
+    (empty at the dataset's end), and the worker's seconds waited for a CPU so far at each
+    arrival (empty where the kernel does not say)."""
+    arrivals, waits = [time.monotonic()], [cpu_wait_seconds(worker_pid)]
+    deadline = arrivals[0] + seconds
     for batch in itertools.islice(batches, TIMING_BATCHES):
         del batch
         arrivals.append(time.monotonic())
+        waits.append(cpu_wait_seconds(worker_pid))
         if arrivals[-1] > deadline:
             break
-    return arrivals
+    return arrivals, ([] if None in waits else waits)
+
+
+def _median_interval(times: list[float], less: list[float] | None = None) -> float:
+    """Median time between batches (prefetched batches arrive at once, so not the mean),
+    each interval less what ``less`` grew by over it."""
+    steps = [b - a for a, b in itertools.pairwise(times)]
+    if less:
+        steps = [max(0.0, step - (b - a)) for step, (a, b) in zip(steps, itertools.pairwise(less))]
+    return statistics.median(steps or [0.0])
 
 
 def _worker_share(pid: int) -> int:
@@ -178,10 +191,12 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     watch.stop = True
     watch.thread.join()
     _emit("timing", batches=TIMING_BATCHES)
-    timed = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]))
+    timed, waits = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
+                                   shared_pid.value)
     del batches, loader
-    intervals = ([b - a for a, b in itertools.pairwise(timed)] if len(timed) > 3 else
-                 [b - a for a, b in itertools.pairwise(arrivals[1:])]) or [0.0]
+    if len(timed) <= 3:     # the dataset ended: the memory phase's arrivals, sampler and all
+        timed, waits = arrivals[1:], []
+    seconds_per_sample = _median_interval(timed) / config["batch_size"]
     half = series[len(series) // 2:]
     slope = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else 0.0
     return {
@@ -190,7 +205,9 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         "main_process_bytes": main_bytes, "dataset_bytes": dataset_bytes,
         "worker_first_bytes": series[0] if series else 0, "worker_peak_bytes": max(series, default=0),
         "growth_bytes_per_batch": slope, "batches": len(series),
-        "seconds_per_sample": statistics.median(intervals) / config["batch_size"],
+        "seconds_per_sample": seconds_per_sample,
+        "core_seconds_per_sample": (_median_interval(timed, waits) / config["batch_size"]
+                                    if waits else None),
         "stopped_by": stopped_by,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }

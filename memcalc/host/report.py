@@ -33,9 +33,20 @@ class WorkerMeasurement(BaseModel):
     """Slope of the worker's private memory over the last half of the run."""
     batches: int
     seconds_per_sample: float
+    """Median wall time per sample in the timing phase, on this machine as loaded then."""
+    core_seconds_per_sample: float | None = None
+    """The same less the time the worker waited for a CPU (``/proc/PID/schedstat``): its time
+    per sample with a core to itself, what the feeding model shares out. None where the
+    kernel does not say; then the wall time stands in."""
     stopped_by: str
     """"plateau", "budget" (time) or "dataset end"."""
     malloc_env: dict[str, str]
+
+    @property
+    def feeding_seconds_per_sample(self) -> float:
+        """What the feeding model shares out: the core time where known, else the wall time."""
+        return (self.core_seconds_per_sample if self.core_seconds_per_sample is not None
+                else self.seconds_per_sample)
 
 
 class HostFix(BaseModel):

@@ -34,7 +34,7 @@ def feed_renderable(check: FeedCheck) -> Group:
     """Measured against predicted GPU utilisation for each worker count."""
     table = Table(title=f"{check.dataset}: batch {check.batch_size}, simulated step "
                         f"{check.step_time_s * 1e3:.3g} ms, {check.seconds_per_sample * 1e3:.3g} "
-                        f"ms per sample (measured in a real worker), {check.cpus} CPUs, "
+                        f"ms of CPU per sample (measured in a real worker), {check.cpus} CPUs, "
                         f"the step {check.consumer}s",
                   title_justify="left")
     for column in ("num_workers", "other load", "predicted GPU busy", "measured GPU busy",
