@@ -185,23 +185,48 @@ class ReportPool:
         return self._accepting()
 
     def close(self) -> None:
-        """End the workers now: what they still run was only ever ahead of the planner."""
+        """End the workers now: what they still run was only ever ahead of the planner. A
+        Ctrl-C meanwhile is held back until they are gone (an interrupted close would leave the
+        executor's manager thread running)."""
         executor, self._executor = self._executor, None
-        if executor is None:
-            return
-        # CPython keeps the worker processes there; 3.14's terminate_workers() reads the same
-        processes = list((getattr(executor, "_processes", None) or {}).values())
-        executor.shutdown(wait=False, cancel_futures=True)
-        for process in processes:
-            with contextlib.suppress(OSError, ValueError):
-                process.terminate()
-        for process in processes:
-            with contextlib.suppress(OSError, ValueError, AssertionError):
+        if executor is not None:
+            with _sigint_held():
+                _end(executor)
+
+
+def _end(executor: ProcessPoolExecutor) -> None:
+    # CPython keeps the worker processes there; 3.14's terminate_workers() reads the same
+    processes = list((getattr(executor, "_processes", None) or {}).values())
+    executor.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError):
+            process.terminate()
+    for process in processes:
+        with contextlib.suppress(OSError, ValueError, AssertionError):
+            process.join(_END_GRACE_S)
+            if process.is_alive():
+                process.kill()
                 process.join(_END_GRACE_S)
-                if process.is_alive():
-                    process.kill()
-                    process.join(_END_GRACE_S)
-        executor.shutdown(wait=True)
+    executor.shutdown(wait=True)
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """SIGINT recorded, not acted on, inside the block; raised again after it, for the handler
+    that was there before (main thread only: elsewhere signals cannot be handled, so nothing
+    changes)."""
+    received = []
+    try:
+        before = signal.signal(signal.SIGINT, lambda *_: received.append(True))
+    except ValueError:          # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+    if received:
+        signal.raise_signal(signal.SIGINT)
 
 
 def _submit(executor: ProcessPoolExecutor, call: Callable, *args) -> Future:

@@ -153,3 +153,14 @@ def _cmdline(pid):
         return psutil.Process(pid).cmdline()
     except psutil.Error:
         return []
+
+
+def test_a_ctrl_c_while_workers_end_is_acted_on_once_they_are_gone():
+    inside = []
+    with pytest.raises(KeyboardInterrupt):
+        with report_pool._sigint_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)             # the handler runs here, and must not raise
+            inside.append("finished")
+    assert inside == ["finished"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

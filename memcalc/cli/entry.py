@@ -34,8 +34,9 @@ def run() -> None:
         stray = _running_threads()
     if not stray:
         sys.exit(code)
-    click.echo(f"Warning: stopped {len(stray)} thread{'s' if len(stray) > 1 else ''} that your "
-               "code started and left running", err=True)
+    names = ", ".join(repr(thread.name) for thread in stray)
+    click.echo(f"Warning: stopped {len(stray)} thread{'s' if len(stray) > 1 else ''} ({names}) "
+               "that your code started and left running", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
