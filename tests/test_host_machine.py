@@ -57,9 +57,14 @@ def test_mem_per_cpu_limits_the_job_like_slurm():
     assert capped.limit_bytes == 16 * GIB
 
 
-def test_given_ram_leaves_shm_unchecked():
+def test_given_ram_assumes_linux_default_shm():
     machine = machine_from_options(64, 188 * 10**9, None, None)
-    assert machine.shm_bytes is None and machine.ram_bytes == 188 * 10**9
+    assert machine.shm_bytes == 94 * 10**9 and machine.shm_assumed
+    assert machine.ram_bytes == 188 * 10**9
+    given = machine_from_options(64, 188 * 10**9, None, 8 * GIB)
+    assert given.shm_bytes == 8 * GIB and not given.shm_assumed
+    # an allocation's per-CPU limit says nothing about the node's tmpfs
+    assert machine_from_options(8, None, 4 * GIB, None).shm_bytes is None
 
 
 @pytest.mark.parametrize("options,message", [

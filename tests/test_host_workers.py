@@ -19,7 +19,9 @@ from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 MIB, GIB = 1 << 20, 1 << 30
 SEED_SHAPE = (834, 224, 834, 3)
 SEED_SAMPLE = 834 * 224 * 834 * 3 * 4
-SEED_MACHINE = MachineSpec(cpus=64, ram_bytes=188 * 10**9)
+SEED_MACHINE = MachineSpec(cpus=64, ram_bytes=188 * 10**9, shm_bytes=188 * 10**9)
+"""The seeds' node, its /dev/shm as large as its RAM (18 workers found by hand need more than
+Linux's default tmpfs)."""
 
 
 def seed(**loader) -> HostSpec:
@@ -43,6 +45,18 @@ def test_seed_case_lands_near_the_18_workers_found_by_hand():
     names = [term.name for term in report.main_terms + report.worker_terms]
     assert names == ["python + torch", "CUDA host context", "batch being trained on",
                      "worker process", "samples being collated", "batches in shared memory"]
+
+
+def test_ram_alone_assumes_linux_default_shm_of_half_of_it():
+    spec = seed().model_copy(update={"machine": MachineSpec(cpus=64, ram_bytes=188 * 10**9)})
+    report = host_estimate(spec)
+    batch = 2 * SEED_SAMPLE
+    # (2 prefetched batches per worker + the one being trained on) in a tmpfs of half the RAM
+    assert report.max_num_workers == (188 * 10**9 // 2 // batch - 1) // 2 == 12
+    assert report.limited_by == "/dev/shm size"
+    assert report.max_num_workers_steady == 12      # in-flight batches fill /dev/shm either way
+    assert any("/dev/shm assumed" in note and "half of RAM" in note
+               for note in report.assumptions)
 
 
 def test_totals_at_the_maximum_fit_and_one_more_does_not():

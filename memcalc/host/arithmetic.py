@@ -46,7 +46,9 @@ class HostTerm(BaseModel):
 
 
 def pinned_block_bytes(nbytes: int) -> int:
-    """The pinned host allocator hands out power-of-two blocks and caches them."""
+    """The CUDA caching host allocator rounds every pinned request up to a power of two
+    before ``cudaHostAlloc`` and caches the block (``allocate()`` in
+    ``aten/src/ATen/core/CachingHostAllocator.h``: ``roundSize = c10::llvm::PowerOf2Ceil(size)``)."""
     return 1 << max(0, math.ceil(math.log2(max(nbytes, 1))))
 
 

@@ -63,9 +63,25 @@ class MachineSpec(BaseModel):
     mem_per_cpu_bytes: int | None = Field(default=None, gt=0)
     """SLURM ``--mem-per-cpu``: the job's limit is this times ``cpus``."""
     shm_bytes: int | None = Field(default=None, gt=0)
-    """Size of the ``/dev/shm`` tmpfs; None: not known, not checked."""
+    """Size of the ``/dev/shm`` tmpfs. Left out with ``ram_bytes`` given: Linux's default,
+    half of RAM (``shm_assumed``); None: not known (only ``mem_per_cpu_bytes`` given, or not
+    detected), not checked."""
+    shm_assumed: bool = False
+    """``shm_bytes`` is Linux's default tmpfs size for the given RAM, not given or detected."""
     source: str = "given"
     """Where the figures come from: given on the command line, or detected on this machine."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _linux_default_shm(cls, data):
+        """No ``/dev/shm`` size with the node's RAM given: Linux mounts its tmpfs at half of
+        RAM (``shmem``'s default size, Documentation/filesystems/tmpfs.rst)."""
+        if (isinstance(data, dict) and data.get("shm_bytes") is None
+                and data.get("mem_per_cpu_bytes") is None
+                and not str(data.get("source", "given")).startswith("detected")
+                and isinstance(data.get("ram_bytes"), int) and data["ram_bytes"] > 1):
+            return {**data, "shm_bytes": data["ram_bytes"] // 2, "shm_assumed": True}
+        return data
 
     @property
     def limit_bytes(self) -> int:

@@ -14,6 +14,7 @@ from memcalc.host.arithmetic import (
     HostTerm,
     batch_bytes,
     in_flight_term,
+    pinned_block_bytes,
     loading_terms,
     main_terms,
     sample_bytes,
@@ -65,8 +66,7 @@ def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) 
         epoch_start_bytes=sizes.epoch_start_at(count), steady_bytes=sizes.steady_at(count),
         loading_bytes=sizes.loading,
         max_num_workers=max_workers,
-        max_num_workers_steady=_largest(
-            lambda n: sizes.steady_at(n) <= sizes.usable, machine.cpus),
+        max_num_workers_steady=_largest(sizes.fits_steady, machine.cpus),
         limited_by=_limited_by(max_workers, machine.cpus, sizes),
         recommended_num_workers=recommended,
         recommended_pin_memory=spec.cuda and pinned.fits(recommended),
@@ -75,7 +75,7 @@ def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) 
         sbatch=_sbatch(recommended, sizes.total_at(recommended), loader.headroom_fraction,
                        machine.mem_per_cpu_bytes),
         measurement=measurement,
-        assumptions=_assumptions(spec, measurement),
+        assumptions=_assumptions(spec, measurement, sizes.batch),
         warnings=_warnings(spec, sizes.sample, measurement)
         + (["loading the model is the host peak: torch.load(..., mmap=True) with "
             "load_state_dict(..., assign=True) avoids holding a second copy"]
@@ -135,9 +135,14 @@ class _Sizes:
         return in_shm * self.batch
 
     def fits(self, count: int) -> bool:
+        return self.total_at(count) <= self.usable and self.shm_fits(count)
+
+    def fits_steady(self, count: int) -> bool:
+        return self.steady_at(count) <= self.usable and self.shm_fits(count)
+
+    def shm_fits(self, count: int) -> bool:
         shm = self.spec.machine.shm_bytes
-        return (self.total_at(count) <= self.usable
-                and (shm is None or self.shm_at(count) <= shm))
+        return shm is None or self.shm_at(count) <= shm
 
 
 def _measured_worker_terms(spec: HostSpec, measured: WorkerMeasurement, batch: int
@@ -198,7 +203,8 @@ def _sbatch(workers: int, peak: int, headroom: float, mem_per_cpu: int | None) -
     return [f"#SBATCH --cpus-per-task={cpus_per_task}", f"#SBATCH --mem-per-cpu={mem_per_cpu_mib}M"]
 
 
-def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None) -> list[str]:
+def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None,
+                 batch: int) -> list[str]:
     loader, machine = spec.loader, spec.machine
     notes = [
         "peak = the larger of two moments: epoch start (every worker collating its "
@@ -216,6 +222,10 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None) -> list[
     if machine.shm_bytes is None:
         notes.append("/dev/shm size not known: not checked (Linux's default tmpfs is half of "
                      "RAM, Docker's 64 MiB; give --shm)")
+    elif machine.shm_assumed:
+        notes.append(f"/dev/shm assumed {format_bytes(machine.shm_bytes)}: Linux's default "
+                     "tmpfs, half of RAM (Docker's is 64 MiB, SLURM sites may set their own; "
+                     "give --shm)")
     if measurement is None:
         notes.append(f"python + torch {format_bytes(TORCH_PROCESS_BYTES)} and worker baselines "
                      "measured with torch 2.13 on Linux; other imports of your script add to them")
@@ -224,8 +234,11 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None) -> list[
                      + f" and {loader.transform_copies} full-size transform copies "
                      "(--raw-dtype, --transform-copies)")
     if spec.pin_memory:
-        notes.append("pin_memory: pinned copies of in-flight batches, power-of-two blocks kept "
-                     "by the caching host allocator (modelled, not measured without CUDA)")
+        example = f": a {format_bytes(batch)} batch pins {format_bytes(pinned_block_bytes(batch))}"
+        notes.append("pin_memory: pinned copies of in-flight batches, kept by the CUDA caching "
+                     "host allocator in blocks rounded up to powers of two (PowerOf2Ceil in "
+                     f"ATen/core/CachingHostAllocator.h){example}; modelled, not measured "
+                     "without CUDA")
     return notes
 
 

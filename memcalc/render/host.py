@@ -26,11 +26,12 @@ def host_renderable(host: HostReport, details: bool = True) -> Group:
         f"{format_bytes(host.epoch_start_bytes)}, steady {format_bytes(host.steady_bytes)}"
         + (f", loading the model {format_bytes(host.loading_bytes)}" if host.loading_bytes else "")
         + "); "
-        f"/dev/shm {format_bytes(host.shm_peak_bytes)}\n"
+        f"/dev/shm {format_bytes(host.shm_peak_bytes)}{_shm_size(host)}\n"
         f"limit {format_bytes(host.limit_bytes)} → usable {format_bytes(host.usable_bytes)}: "
         f"{'fits' if host.fits else '[bold red]DOES NOT FIT[/]'}\n"
-        f"[bold]max_num_workers {host.max_num_workers}[/] (limited by {host.limited_by}; "
-        f"{host.max_num_workers_steady} if workers never collate at once); "
+        f"[bold]max_num_workers {host.max_num_workers}[/] (limited by {host.limited_by}"
+        + (f"; {host.max_num_workers_steady} if workers never collate at once"
+           if host.max_num_workers_steady != host.max_num_workers else "") + "); "
         f"recommended num_workers={host.recommended_num_workers}, "
         f"pin_memory={host.recommended_pin_memory}, "
         f"prefetch_factor={host.recommended_prefetch_factor}, "
@@ -68,3 +69,10 @@ def _terms_table(host: HostReport) -> Table:
 
 def _shape(shape: tuple[int, ...] | None) -> str:
     return "×".join(map(str, shape)) if shape else "?"
+
+
+def _shm_size(host: HostReport) -> str:
+    machine = host.spec.machine
+    if machine.shm_bytes is None:
+        return " (size not known: not checked)"
+    return f" of {format_bytes(machine.shm_bytes)}" + (" (assumed)" if machine.shm_assumed else "")
