@@ -18,6 +18,7 @@ from memcalc.cli.types import (
     enum_choice,
 )
 from memcalc.cli.job_file import SPEC_OPTION, explicit_options, merged_spec, read_job_file
+from memcalc.cli.option_fields import take_fields
 from memcalc.errors import InputError
 from memcalc.host.machine import machine_from_options
 from memcalc.host.specs import LoaderSpec, MachineSpec, StartMethod
@@ -79,15 +80,7 @@ def loader_and_machine(options: dict) -> tuple[LoaderSpec, MachineSpec]:
     """Split the host options into the loader and the machine specs."""
     machine = machine_from_options(options.pop("cpus"), options.pop("ram"),
                                    options.pop("mem_per_cpu"), options.pop("shm"))
-    loader = LoaderSpec(
-        num_workers=options.pop("num_workers"), prefetch_factor=options.pop("prefetch_factor"),
-        pin_memory=options.pop("pin_memory"), persistent_workers=options.pop("persistent_workers"),
-        start_method=options.pop("start_method"), sample_dtype=options.pop("sample_dtype"),
-        raw_dtype=options.pop("raw_dtype"), transform_copies=options.pop("transform_copies"),
-        dataset_bytes=options.pop("dataset_ram") or 0,
-        dataset_python_objects=options.pop("python_objects"), dataset=options.pop("dataset"),
-        input_key=options.pop("input_key"), probe_seconds=options.pop("probe_seconds"),
-        headroom_fraction=options.pop("host_headroom"))
+    loader = LoaderSpec(**take_fields(options, "loader"))
     return loader, machine
 
 
@@ -249,31 +242,8 @@ def job_spec(ctx: click.Context, options: dict) -> TrainingSpec:
 
 def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> TrainingSpec:
     """The model options (popped from ``options``) as a spec."""
-    names = ("model_name", "model_args", "shape", "layout", "input_dtype", "inputs",
-             "forward_args", "boxes_per_image", "batch_size", "loss",
-             "optimizer", "optimizer_impl", "weight_decay", "amsgrad", "zero_grad", "precision", "checkpointing",
-             "offload_activations", "spatial_parts", "device", "gpu", "gpu_memory", "headroom",
-             "cuda_module_loading", "cudnn_benchmark", "cudnn_tf32", "allocator_conf",
-             "env_profile")
-    value = {name: options.pop(name) for name in names}
-    return TrainingSpec(
-        model=value["model_name"], model_args=dict(value["model_args"]),
-        sample_shape=value["shape"], layout=value["layout"], input_dtype=value["input_dtype"],
-        inputs=dict(value["inputs"]), forward_args=dict(value["forward_args"]),
-        boxes_per_image=value["boxes_per_image"],
-        batch_size=value["batch_size"], loss=value["loss"], optimizer=value["optimizer"],
-        optimizer_impl=value["optimizer_impl"], weight_decay=value["weight_decay"],
-        amsgrad=value["amsgrad"], zero_grad_to_none=value["zero_grad"] == "none",
-        precision=value["precision"], activation_checkpointing=value["checkpointing"],
-        offload_activations=value["offload_activations"], spatial_parts=value["spatial_parts"],
-        feed=FeedSpec(step_time_s=options.pop("step_time"), sample_time_s=options.pop("sample_time"),
-                      read_bandwidth_bytes_per_s=options.pop("read_bandwidth"),
-                      mfu=options.pop("mfu")),
-        device=value["device"], gpu=value["gpu"], gpu_memory_bytes=value["gpu_memory"],
-        headroom_fraction=value["headroom"], cuda_module_loading=value["cuda_module_loading"],
-        cudnn_benchmark=value["cudnn_benchmark"], cudnn_tf32=value["cudnn_tf32"],
-        allocator_conf=value["allocator_conf"], env_profile=value["env_profile"],
-        loader=loader, machine=machine)
+    return TrainingSpec(**take_fields(options), feed=FeedSpec(**take_fields(options, "feed")),
+                        loader=loader, machine=machine)
 
 
 def model_options(command):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 from torch.utils.data import DataLoader
@@ -19,8 +20,23 @@ from memcalc.host.machine import OtherLoad
 from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
-CONSUMERS = {"sleep": 0.0, "spin": 1.0}
-"""Simulated step kinds → the share of the step the main process keeps a core busy."""
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+class Consumer(NamedTuple):
+    """A simulated step: how it passes its time, and the share of it the main process keeps
+    a core busy (what the feeding model is told)."""
+
+    step: Callable[[float], None]
+    main_busy: float
+
+
+CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(_spin, 1.0)}
 
 
 class FeedRow(BaseModel):
@@ -51,20 +67,11 @@ class FeedCheck(BaseModel):
     rows: list[FeedRow]
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-_STEPS = {"sleep": time.sleep, "spin": _spin}
-
-
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
                          batches: int, consumer: str = "sleep") -> tuple[float, float]:
     """Share of wall time the simulated GPU (one step per batch) is busy after warm-up, and
     the cores other processes kept busy meanwhile."""
-    step = _STEPS[consumer]
+    step = CONSUMERS[consumer].step
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False)
     iterator = iter(loader)
     for _ in range(WARMUP_BATCHES + workers):     # worker start-up and queue fill
@@ -99,7 +106,7 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
             num_workers=workers, measured_gpu_utilization=measured, other_busy_cpus=others,
             predicted_gpu_utilization=utilization(
                 workers, step_s, seconds_per_sample * batch_size, cpus,
-                main_busy=CONSUMERS[consumer], other_busy_cpus=others)))
+                main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=others)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
