@@ -202,3 +202,11 @@ def test_a_cpu_training_step_lives_in_the_main_process():
     spec = seed(num_workers=2).model_copy(update={"cuda": False, "cpu_step_bytes": step})
     on_gpu = seed(num_workers=2).model_copy(update={"cuda": False})
     assert host_estimate(spec).main_process_bytes - host_estimate(on_gpu).main_process_bytes == step
+
+
+def test_a_detected_machine_is_called_this_machine_and_the_options_named():
+    detected = MachineSpec(cpus=2, ram_bytes=8 * GIB, source="detected")
+    report = host_estimate(seed().model_copy(update={"machine": detected}))
+    assert any("for this machine" in w and "--cpus, --ram and --shm" in w
+               for w in report.warnings)
+    assert not any("for this machine" in w for w in host_estimate(seed()).warnings)

@@ -244,6 +244,13 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None,
 
 def _warnings(spec: HostSpec, sample: int, measurement: WorkerMeasurement | None) -> list[str]:
     warnings = []
+    machine = spec.machine
+    if "detected" in machine.source:
+        warnings.append(
+            f"the host plan is for this machine ({machine.cpus} CPUs, "
+            f"{format_bytes(machine.limit_bytes)}, {machine.source}), often a login node, not "
+            "the training node: give the training node's --cpus, --ram and --shm (or "
+            "--mem-per-cpu, as in its SLURM allocation)")
     at_risk = MMAP_THRESHOLD_MIN_BYTES < sample <= MMAP_THRESHOLD_MAX_BYTES
     if (measurement is None and at_risk and platform.libc_ver()[0] == "glibc"
             and "MALLOC_MMAP_THRESHOLD_" not in os.environ):
