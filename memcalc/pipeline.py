@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from memcalc.device.allocator_settings import AllocatorSettings
 from memcalc.device.batch_search import plan_batch
-from memcalc.device.estimate import DeviceTarget, static_device_report, traced_device_report
+from memcalc.device.card_fit import COMMON_CARDS, card_fits
+from memcalc.device.estimate import DeviceTarget
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
-from memcalc.device.report import DeviceReport, StaticEstimate
-from memcalc.device.static import layer_table, static_estimate
+from memcalc.device.report import CardFit, DeviceReport, StaticEstimate
+from memcalc.device.static import layer_table
 from memcalc.dtypes import INPUT_DTYPES
 from memcalc.errors import InputError, TraceError
 from memcalc.feed.sizing import HostInputs, host_and_throughput
@@ -24,6 +25,7 @@ from memcalc.model.inputs import ModelInputs, family_of
 from memcalc.model.layout import CONV_TYPES, LayoutDecision
 from memcalc.model.step_inputs import resolve_step_inputs, token_inputs
 from memcalc.model.source import display_name, resolve_model
+from memcalc.prepared_step import PreparedStep
 from memcalc.report.assumptions import (
     assumptions,
     attention_assumptions,
@@ -38,74 +40,7 @@ from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.trace.optimizers import OptimizerRule, configured_rule
 from memcalc.trace.precision import precision_policy
-from memcalc.trace.tracer import StepSetup, trace_training_step
-
-
-@dataclass
-class _Prepared:
-    """Everything about the step that does not depend on the batch size, and the reports
-    made so far (each batch traced once)."""
-
-    target: DeviceTarget
-    model: torch.nn.Module
-    layout: LayoutDecision
-    setup: StepSetup
-    has_conv: bool
-    leaf_output_elements: int | None
-    sample_shape: tuple[int, ...]
-    input_dtype_name: str
-    layers: list
-    table_error: str | None
-    statics: dict[int, StaticEstimate] = field(default_factory=dict)
-    reports: dict[int, DeviceReport] = field(default_factory=dict)
-    output_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    trace_errors: dict[int, str] = field(default_factory=dict)
-
-    @property
-    def spec(self) -> TrainingSpec:
-        return self.target.spec
-
-    def static_at(self, batch_size: int) -> StaticEstimate:
-        if batch_size not in self.statics:
-            setup = self.setup
-            self.statics[batch_size] = static_estimate(
-                self.model, setup.inputs, batch_size, setup.policy, setup.optimizer)
-        return self.statics[batch_size]
-
-    def device_report(self, batch_size: int) -> DeviceReport:
-        """Traced once per batch size; static where tracing is known to fail."""
-        if batch_size not in self.reports:
-            self.reports[batch_size] = self._report(batch_size)
-        return self.reports[batch_size]
-
-    def trace_error_at(self, batch_size: int) -> str | None:
-        """Why the report at ``batch_size`` is static (None when it is traced)."""
-        if self.device_report(batch_size).method == "traced":
-            return None
-        return self.trace_errors.get(batch_size) or next(iter(self.trace_errors.values()))
-
-    def _should_trace(self, batch_size: int) -> bool:
-        """A model that failed at some batch is not traced again at that batch or below (a
-        model that needs a larger batch, e.g. BatchNorm over a 1×1 map at batch 1, still
-        traces above it), nor at all when it has never traced."""
-        if not self.trace_errors:
-            return True
-        traced_before = any(report.method == "traced" for report in self.reports.values())
-        return traced_before and all(batch_size > failed for failed in self.trace_errors)
-
-    def _report(self, batch_size: int) -> DeviceReport:
-        if self._should_trace(batch_size):
-            setup = replace(self.setup, batch_shape=(batch_size, *self.layout.traced_sample_shape))
-            try:
-                trace = trace_training_step(setup)
-                self.output_shapes[batch_size] = trace.output_shape
-                return traced_device_report(self.target, batch_size, trace)
-            except TraceError as error:
-                self.trace_errors[batch_size] = str(error)
-        return static_device_report(
-            self.target, self.static_at(batch_size), batch_size=batch_size,
-            leaf_output_elements=self.leaf_output_elements,
-            dtype=self.setup.policy.parameter_dtype, uses_conv=self.has_conv)
+from memcalc.trace.tracer import StepSetup
 
 
 def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
@@ -126,11 +61,22 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
     device = prepared.device_report(batch_size)
     if plan is not None:
         device = device.model_copy(update={"plan": plan})
+    elif spec.device is DeviceKind.CUDA and device.method == "traced":
+        device = device.model_copy(update={"card_fits": _card_fits(prepared)})
     static = prepared.static_at(batch_size)
     host, throughput = host_and_throughput(HostInputs(
         spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
         prepared.target.gpu, measurement), progress)
     return _report(prepared, device, static, host, throughput)
+
+
+def _card_fits(prepared: PreparedStep) -> list[CardFit]:
+    """The largest batch on each common card, from the same traces replayed for each."""
+    targets = {card: prepared.card_target(card) for card in COMMON_CARDS}
+    return card_fits(prepared.card_report,
+                     {card: target.usable_bytes for card, target in targets.items()},
+                     {card: target.capacity_bytes for card, target in targets.items()},
+                     traced=lambda: set(prepared.traces))
 
 
 def _workers_within_cpus(loader, machine) -> None:
@@ -140,7 +86,7 @@ def _workers_within_cpus(loader, machine) -> None:
         raise InputError(str(error)) from None
 
 
-def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, host,
+def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate, host,
             throughput) -> Report:
     spec, layout, setup = prepared.spec, prepared.layout, prepared.setup
     blocks = setup.checkpoint_blocks
@@ -176,7 +122,7 @@ def _report(prepared: _Prepared, device: DeviceReport, static: StaticEstimate, h
 
 
 def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
-             layer_tables: dict[str, tuple] | None = None) -> _Prepared:
+             layer_tables: dict[str, tuple] | None = None) -> PreparedStep:
     gpu = find_gpu(spec.gpu) if spec.gpu else None
     if (gpu or spec.gpu_memory_bytes) and spec.device is not DeviceKind.CUDA:
         raise InputError("--gpu/--gpu-memory plan GPU memory; drop them or use --device cuda")
@@ -216,7 +162,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
     layers, leaf_output_elements, table_error = _layer_table(
         spec, model, inputs.model_inputs(), layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
-    return _Prepared(DeviceTarget(spec, gpu, profile, capacity, headroom), model, layout, setup,
+    return PreparedStep(DeviceTarget(spec, gpu, profile, capacity, headroom), model, layout, setup,
                      has_conv, leaf_output_elements, inputs.sample_shape, inputs.dtype_name,
                      layers, table_error)
 

@@ -19,12 +19,14 @@ GROWTH = 8   # batch multiplier while the totals are still flat (no ceiling foun
 MAX_BATCH = 1 << 24
 
 
-def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int
-               ) -> tuple[BatchPlan, dict[int, DeviceReport]]:
+def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
+               max_steps: int = MAX_TRACES) -> tuple[BatchPlan, dict[int, DeviceReport]]:
     """Find the largest batch that fits, and return every report made on the way.
 
     A batch fits when its report says so (the allocator replayed with the usable bytes as
-    its limit), else when its total is within ``usable_bytes``. Totals steer the search."""
+    its limit), else when its total is within ``usable_bytes``. Totals steer the search,
+    which takes at most ``max_steps`` batches beyond the first two (then the plan is the
+    largest batch known to fit, not ``confirmed``)."""
     reports: dict[int, DeviceReport] = {}
     totals: dict[int, int] = {}
     fitting: dict[int, bool] = {}
@@ -41,7 +43,7 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int
     measure(small)
     if not fitting[small]:
         return _plan(usable_bytes, (small, large), 0, True, reports, fitting), reports
-    best = _search(measure, totals, fitting, usable_bytes)
+    best = _search(measure, totals, fitting, usable_bytes, max_steps)
     confirmed = best + 1 in totals and not fitting[best + 1]
     # Near the answer the allocator rounds every large tensor to its own segment, so the
     # line through the smallest traced batch and the planned batch describes the operating
@@ -77,14 +79,14 @@ def _method(batch: int, report: DeviceReport, reports: dict[int, DeviceReport]) 
 
 
 def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict[int, bool],
-            usable_bytes: int) -> int:
+            usable_bytes: int, max_steps: int) -> int:
     """Largest traced batch that fits, tracing until the next one up is known not to.
 
     Secant steps through the bracket's ends; after two steps that land on the same side,
     one bisection step, so a curved total still converges (Illinois-style safeguard).
     """
     sides: list[bool] = []
-    for _ in range(MAX_TRACES):
+    for _ in range(max_steps):
         over = [batch for batch in totals if not fitting[batch]]
         ceiling = min(over) if over else None
         best = max(batch for batch in totals if fitting[batch]

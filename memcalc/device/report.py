@@ -48,6 +48,23 @@ class BatchPlan(BaseModel):
     points: list[PlanPoint]
 
 
+class CardFit(BaseModel):
+    """The largest batch on one card of the common list."""
+
+    model_config = _FROZEN
+
+    gpu: str
+    memory_bytes: int
+    usable_bytes: int
+    max_batch_size: int
+    """0 when batch 1 does not fit."""
+    total_bytes: int
+    """nvidia-smi at that batch (at batch 1 when none fits): traced, or from the line."""
+    confirmed: bool
+    """Traced at the batch and at the next one up (or at batch 1 when none fits); False: the
+    card's line through batches 1 and 8 (far from a boundary, or past the trace budget)."""
+
+
 class Breakdown(BaseModel):
     """Bytes per ``MemoryCategory`` at the peak (field names are the category values)."""
 
@@ -191,6 +208,9 @@ class DeviceReport(BaseModel):
     (None for a static estimate)."""
     plan: BatchPlan | None = None
     """The batch search that chose ``batch_size`` (None without a capacity)."""
+    card_fits: list[CardFit] = []
+    """Without a capacity, on CUDA: the largest batch on each of the common cards
+    (``memcalc.device.card_fit``); empty otherwise."""
     bounded_sizes: list[BoundedSize] = []
     """Data-dependent ops traced at a bound (empty when none ran, and for a static estimate)."""
     attention_backends: dict[str, int] = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from memcalc.device.gpus import gpu_catalog
 from memcalc.feed.check import FeedCheck
 from memcalc.host.report import HostReport
+from memcalc.render.cards import batch_text
 from memcalc.report.models import Report
 from memcalc.strategies.report import StrategyPlan
 from memcalc.units import format_bytes
@@ -23,7 +24,7 @@ def verdict_line(report: Report) -> str:
     if device.kind != "cuda":
         return f"CPU training: {needs} of host RAM for the step"
     if device.capacity_bytes is None:
-        return _against_catalog(needs, device.total_bytes)
+        return _against_cards(needs, device) or _against_catalog(needs, device.total_bytes)
     usable = format_bytes(device.capacity_bytes - device.headroom_bytes)
     on = f" on {report.gpu.name}" if report.gpu else ""
     largest = device.max_batch_size
@@ -31,6 +32,18 @@ def verdict_line(report: Report) -> str:
     if largest:
         return f"{verdict}{on}: {needs} / {usable} usable (max batch {largest})"
     return f"{verdict}{on}: {needs} / {usable} usable" + ("" if device.fits else "; memcalc plan")
+
+
+def _against_cards(needs: str, device) -> str | None:
+    """The largest batch on the smallest and the largest common card that take batch 1."""
+    fitting = [fit for fit in device.card_fits if fit.max_batch_size]
+    if not fitting:
+        return None
+    low, high = fitting[0], fitting[-1]
+    span = (f"{batch_text(low.max_batch_size, low.confirmed)} on {low.gpu}"
+            + (f" to {batch_text(high.max_batch_size, high.confirmed)} on {high.gpu}"
+               if high is not low else ""))
+    return f"{needs}; largest batch {span}; --gpu for a verdict"
 
 
 def _against_catalog(needs: str, total_bytes: int) -> str:
@@ -58,13 +71,25 @@ def plan_verdict(plan: StrategyPlan) -> str:
 
 
 def host_verdict(host: HostReport) -> str:
-    """Whether the loader's host RAM fits, at the recommended worker count."""
+    """Whether the loader's host RAM fits, at the recommended worker count; with
+    ``--verify``, the real run's line below it."""
     verdict = "FITS in host RAM" if host.fits else "DOES NOT FIT in host RAM"
     workers = ("1 worker needs" if host.num_workers == 1 else
                f"{host.num_workers} workers need")
     return (f"{verdict}: {workers} {format_bytes(host.peak_bytes)} / "
             f"{format_bytes(host.usable_bytes)} usable (max_num_workers "
-            f"{host.max_num_workers})")
+            f"{host.max_num_workers})" + _verified(host))
+
+
+def estimate_verdict(report: Report) -> str:
+    """``verdict_line``, with ``--verify``'s line below it."""
+    return verdict_line(report) + (_verified(report.host) if report.host else "")
+
+
+def _verified(host: HostReport) -> str:
+    from memcalc.render.host import verify_line
+
+    return f"\n{verify_line(host.verify)}" if host.verify is not None else ""
 
 
 def feed_verdict(check: FeedCheck) -> str:

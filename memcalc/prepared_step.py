@@ -1,0 +1,117 @@
+"""One training step prepared for tracing: the model, its inputs and layout, and the reports
+made so far, each batch traced once (``memcalc.pipeline`` builds it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from memcalc.device.env_profile import resolve_profile
+from memcalc.device.estimate import DeviceTarget, static_device_report, traced_device_report
+from memcalc.device.gpus import find_gpu
+from memcalc.device.report import DeviceReport, StaticEstimate
+from memcalc.device.static import static_estimate
+from memcalc.errors import TraceError
+from memcalc.model.layout import LayoutDecision
+from memcalc.specs import TrainingSpec
+from memcalc.trace.tracer import StepSetup, TraceResult, trace_training_step
+
+
+@dataclass
+class PreparedStep:
+    """Everything about the step that does not depend on the batch size, and the reports
+    made so far: each batch traced once, its trace replayed for the target and, on demand,
+    for other cards (``card_report``)."""
+
+    target: DeviceTarget
+    model: torch.nn.Module
+    layout: LayoutDecision
+    setup: StepSetup
+    has_conv: bool
+    leaf_output_elements: int | None
+    sample_shape: tuple[int, ...]
+    input_dtype_name: str
+    layers: list
+    table_error: str | None
+    statics: dict[int, StaticEstimate] = field(default_factory=dict)
+    reports: dict[int, DeviceReport] = field(default_factory=dict)
+    output_shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    trace_errors: dict[int, str] = field(default_factory=dict)
+    traces: dict[int, TraceResult | None] = field(default_factory=dict)
+    """Traced steps by batch (None where tracing failed)."""
+    card_targets: dict[str, DeviceTarget] = field(default_factory=dict)
+    card_reports: dict[tuple[str, int], DeviceReport] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> TrainingSpec:
+        return self.target.spec
+
+    def static_at(self, batch_size: int) -> StaticEstimate:
+        if batch_size not in self.statics:
+            setup = self.setup
+            self.statics[batch_size] = static_estimate(
+                self.model, setup.inputs, batch_size, setup.policy, setup.optimizer)
+        return self.statics[batch_size]
+
+    def device_report(self, batch_size: int) -> DeviceReport:
+        """Traced once per batch size; static where tracing is known to fail."""
+        if batch_size not in self.reports:
+            self.reports[batch_size] = self._report(batch_size)
+        return self.reports[batch_size]
+
+    def trace_error_at(self, batch_size: int) -> str | None:
+        """Why the report at ``batch_size`` is static (None when it is traced)."""
+        if self.device_report(batch_size).method == "traced":
+            return None
+        return self.trace_errors.get(batch_size) or next(iter(self.trace_errors.values()))
+
+    def _should_trace(self, batch_size: int) -> bool:
+        """A model that failed at some batch is not traced again at that batch or below (a
+        model that needs a larger batch, e.g. BatchNorm over a 1×1 map at batch 1, still
+        traces above it), nor at all when it has never traced."""
+        if not self.trace_errors:
+            return True
+        traced_before = any(report.method == "traced" for report in self.reports.values())
+        return traced_before and all(batch_size > failed for failed in self.trace_errors)
+
+    def card_report(self, card: str, batch_size: int) -> DeviceReport:
+        """The step at ``batch_size`` on ``card`` (a catalog name), planned for its memory:
+        the same trace, replayed for that card."""
+        key = (card, batch_size)
+        if key not in self.card_reports:
+            self.card_reports[key] = self._report(batch_size, self.card_target(card))
+        return self.card_reports[key]
+
+    def card_target(self, card: str) -> DeviceTarget:
+        if card not in self.card_targets:
+            gpu = find_gpu(card)
+            self.card_targets[card] = DeviceTarget(
+                self.spec.with_changes(gpu=gpu.name), gpu,
+                resolve_profile(self.spec.env_profile, gpu), gpu.memory_bytes,
+                int(gpu.memory_bytes * self.spec.headroom_fraction))
+        return self.card_targets[card]
+
+    def _trace(self, batch_size: int) -> TraceResult | None:
+        if batch_size not in self.traces:
+            self.traces[batch_size] = None
+            if self._should_trace(batch_size):
+                setup = replace(self.setup,
+                                batch_shape=(batch_size, *self.layout.traced_sample_shape))
+                try:
+                    trace = trace_training_step(setup)
+                    self.output_shapes[batch_size] = trace.output_shape
+                    self.traces[batch_size] = trace
+                except TraceError as error:
+                    self.trace_errors[batch_size] = str(error)
+        return self.traces[batch_size]
+
+    def _report(self, batch_size: int, target: DeviceTarget | None = None) -> DeviceReport:
+        target = target or self.target
+        trace = self._trace(batch_size)
+        if trace is not None:
+            return traced_device_report(target, batch_size, trace)
+        return static_device_report(
+            target, self.static_at(batch_size), batch_size=batch_size,
+            leaf_output_elements=self.leaf_output_elements,
+            dtype=self.setup.policy.parameter_dtype, uses_conv=self.has_conv)
