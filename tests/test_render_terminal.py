@@ -28,9 +28,9 @@ def test_the_default_view_fits_one_screen_and_says_where_the_rest_is(views):
     short, full = views
     lines = short.splitlines()
     assert len(lines) <= 50 < len(full.splitlines())
-    assert lines[0].startswith("batch 1 needs ") and "smallest card for it" in lines[0]
+    assert lines[0].startswith("batch 1 needs ") and "largest batch" in lines[0]
     for shown in ("memcalc estimate", "Live tensor bytes at the peak", "Top modules",
-                  "memcalc host", "--details"):
+                  "memcalc host", "--details", "Largest batch (no --gpu given)"):
         assert shown in short
     assert not any(title in short for title in DETAIL_TITLES)
 
@@ -39,6 +39,7 @@ def test_details_shows_every_table(views):
     _, full = views
     for title in DETAIL_TITLES:
         assert title in full
+    assert "Largest batch on common cards" in full
     assert "--details (everything" not in full
 
 

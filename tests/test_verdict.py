@@ -55,12 +55,31 @@ def test_when_batch_one_does_not_fit_the_verdict_points_to_the_planner():
     assert line.endswith("usable; memcalc plan") and len(line) <= 80
 
 
-def test_without_a_gpu_the_smallest_card_that_holds_the_step_is_named():
+def test_without_a_gpu_the_largest_batch_on_the_common_cards_is_named():
     line, report = _first_line_and_report(TINY)
-    total = report["device"]["total_bytes"]
-    holding = sorted((gpu for gpu in gpu_catalog() if gpu.memory_bytes >= total),
-                     key=lambda gpu: gpu.memory_bytes)
-    assert f"smallest card for it: {holding[0].name} " in line
+    fits = [fit for fit in report["device"]["card_fits"] if fit["max_batch_size"]]
+    low, high = fits[0], fits[-1]
+    mark = {True: "", False: "~"}
+    assert (f"largest batch {mark[low['confirmed']]}{low['max_batch_size']} on {low['gpu']} to "
+            f"{mark[high['confirmed']]}{high['max_batch_size']} on {high['gpu']}") in line
+    assert line.endswith("--gpu for a verdict")
+
+
+def test_a_step_only_the_largest_catalog_cards_hold_names_the_smallest_of_them():
+    from memcalc.pipeline import estimate
+    from memcalc.render.verdict import verdict_line
+    from memcalc.specs import TrainingSpec
+
+    report = estimate(TrainingSpec(model="mlp", sample_shape=(64,),
+                                   model_args={"in_features": 64, "hidden": 128}))
+    catalog = sorted(gpu_catalog(), key=lambda gpu: gpu.memory_bytes)
+    total = (catalog[-2].memory_bytes + catalog[-1].memory_bytes) // 2   # only the largest
+    device = report.device.model_copy(update={
+        "card_fits": [fit.model_copy(update={"max_batch_size": 0})
+                      for fit in report.device.card_fits],
+        "peak_reserved_bytes": total - report.device.context_bytes})
+    line = verdict_line(report.model_copy(update={"device": device}))
+    assert f"smallest card for it: {catalog[-1].name} " in line
 
 
 def test_a_static_estimate_never_reads_as_a_fit():

@@ -25,3 +25,13 @@ def cards_table(device: DeviceReport) -> Table:
                       batch_text(fit.max_batch_size, fit.confirmed) if fit.max_batch_size
                       else "[bold red]none[/]", format_bytes(fit.total_bytes))
     return table
+
+
+def cards_line(device: DeviceReport) -> str:
+    """The table in one line, for the one-screen view."""
+    shown = " · ".join(f"{fit.gpu} " + (batch_text(fit.max_batch_size, fit.confirmed)
+                                         if fit.max_batch_size else "none")
+                       for fit in device.card_fits)
+    marked = any(not fit.confirmed for fit in device.card_fits)
+    return (f"[bold]Largest batch[/] (no --gpu given): {shown}"
+            + (" (~: from a line, not traced there)" if marked else ""))

@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
-from memcalc.host.report import HostReport
+from memcalc.host.report import HostReport, VerifyReport
 from memcalc.render.helpers import bullets
 from memcalc.units import format_bytes
 
@@ -51,6 +51,28 @@ def host_renderable(host: HostReport, details: bool = True) -> Group:
     if details:
         parts.append(bullets("Host assumptions", host.assumptions))
     return Group(*parts)
+
+
+PAGE_CACHE_SHOWN = 0.05
+"""Page cache at least this share of the verify run's peak is named in its line."""
+
+
+def verify_line(verify: VerifyReport) -> str:
+    """The ``--verify`` run in one line: where it ran, measured vs predicted, held or why not."""
+    workers = f"{verify.num_workers} worker{'' if verify.num_workers == 1 else 's'}"
+    where = (f"in a {format_bytes(verify.cap_bytes)} {verify.measured_by}"
+             if verify.cgroup_unavailable is None else
+             f"under a {format_bytes(verify.cap_bytes)} cap, {verify.measured_by} (no memory "
+             f"cgroup: {verify.cgroup_unavailable})")
+    outcome = ("held" if verify.held else "NOT HELD") + (f" ({verify.reason})"
+                                                         if verify.reason else "")
+    change = f"{100 * (verify.ratio - 1):+.0f} %".replace("-", "\u2212")
+    cache = verify.page_cache_bytes or 0
+    cached = (f" ({format_bytes(cache)} of it page cache)"
+              if cache >= PAGE_CACHE_SHOWN * verify.measured_peak_bytes else "")
+    return (f"verify: {workers}, {verify.batches} batches {where}: peak "
+            f"{format_bytes(verify.measured_peak_bytes)}{cached} measured vs "
+            f"{format_bytes(verify.predicted_peak_bytes)} predicted ({change}): {outcome}")
 
 
 def _terms_table(host: HostReport) -> Table:

@@ -8,7 +8,7 @@ from rich.table import Table
 
 from memcalc.device.batch_search import UNTRAINABLE
 from memcalc.render.feed import throughput_renderable
-from memcalc.render.cards import cards_table
+from memcalc.render.cards import cards_line, cards_table
 from memcalc.render.helpers import bullets
 from memcalc.render.host import host_renderable
 from memcalc.report.models import Report
@@ -30,7 +30,7 @@ def report_renderable(report: Report, show_layers: bool = False, details: bool =
     if device.plan is not None:
         parts.append(_plan_panel(report))
     if device.card_fits:
-        parts.append(cards_table(device))
+        parts.append(cards_table(device) if details else cards_line(device))
     if device.top_modules:
         parts.append(_top_modules_table(report, None if details else SHORT_TOP_MODULES))
     if details:
