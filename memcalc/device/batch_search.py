@@ -129,7 +129,8 @@ def _plan(usable_bytes: int, fit_batches: tuple[int, int], best: int, confirmed:
                         method=_method(batch, report, reports),
                         allocated_bytes=report.peak_allocated_bytes,
                         compute_peak_bytes=report.compute_peak_bytes,
-                        optimizer_peak_bytes=report.optimizer_peak_bytes)
+                        optimizer_peak_bytes=report.optimizer_peak_bytes,
+                        offloaded_bytes=getattr(report, "offloaded_bytes", 0) or 0)
               for batch, report in sorted(reports.items())]
     return BatchPlan(usable_bytes=usable_bytes, model_bytes=total_a - batch_a * per_sample,
                      per_sample_bytes=per_sample, fit_batches=fit_batches, max_batch_size=best,

@@ -30,6 +30,8 @@ class PlanPoint(BaseModel):
     """Live tensor bytes at the forward/backward peak; the strategy planner's rising line."""
     optimizer_peak_bytes: int | None = None
     """Live tensor bytes at the optimizer-step peak; the flat line."""
+    offloaded_bytes: int = 0
+    """Pinned host bytes of offloaded activations at this batch (``save_on_cpu``)."""
 
 
 class BatchPlan(BaseModel):

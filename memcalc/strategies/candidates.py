@@ -16,6 +16,7 @@ from memcalc.units import format_bytes
 
 if TYPE_CHECKING:
     from memcalc.device.gpus import GpuSpec
+    from memcalc.device.report import DeviceReport
     from memcalc.strategies.rules import DerivedRule
     from memcalc.strategies.sharding import ModelStates
     from memcalc.strategies.specs import ClusterSpec, Strategy
@@ -66,11 +67,10 @@ def host_offload_cap(variant: TracedVariant, processes: int, largest: int) -> in
     device, host = variant.report.device, variant.report.host
     if not device.offloaded_bytes or host is None:
         return None
-    per_sample = device.offloaded_bytes / device.batch_size
 
     def fits(batch: int) -> bool:
         spec = host.spec.model_copy(update={
-            "batch_size": batch, "offloaded_activation_bytes": int(per_sample * batch)})
+            "batch_size": batch, "offloaded_activation_bytes": offloaded_at(device, batch)})
         return per_process_host(host_estimate(spec, host.measurement), processes).fits
 
     low, high = 0, max(0, largest)
@@ -78,6 +78,21 @@ def host_offload_cap(variant: TracedVariant, processes: int, largest: int) -> in
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return low
+
+
+def offloaded_at(device: DeviceReport, batch: int) -> int:
+    """Offloaded activation bytes at ``batch``: on the line through the batch plan's traced
+    points (affine: tensors saved for backward that do not grow with the batch, such as
+    weights, are offloaded too), else in proportion to the traced batch."""
+    if not device.offloaded_bytes:
+        return 0
+    points = sorted({point.batch_size: point.offloaded_bytes for point in
+                     (device.plan.points if device.plan else []) if point.offloaded_bytes}.items())
+    if len(points) < 2:
+        return device.offloaded_bytes * batch // max(device.batch_size, 1)
+    (low, low_bytes), (high, high_bytes) = points[0], points[-1]
+    slope = (high_bytes - low_bytes) / (high - low)
+    return max(0, round(low_bytes + (batch - low) * slope))
 
 
 def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec) -> Candidate:
@@ -97,8 +112,7 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     notes = []
     device = variant.report.device
     # offloaded bytes grow with the batch: at the micro-batch used, not at the traced one
-    offloaded = (device.offloaded_bytes * max(micro, 1) // device.batch_size
-                 if device.offloaded_bytes else 0)
+    offloaded = offloaded_at(device, max(micro, 1))
     transfer = steps * 2 * offloaded / HOST_LINK_BYTES_PER_S
     if cap is not None and cap < plan.max_batch_size:
         notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
@@ -152,7 +166,7 @@ def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
     halo_per_sample = device.halo_exchange_bytes / max(device.batch_size, 1)
     communication = (rule.communication_s(states, gpus, bandwidth)
                      + steps * 2 * halo_per_sample * max(micro, 1) / bandwidth
-                     + steps * 2 * device.offloaded_bytes / HOST_LINK_BYTES_PER_S)
+                     + steps * 2 * offloaded_at(device, max(micro, 1)) / HOST_LINK_BYTES_PER_S)
     name = rule.name(base.spec)
     label = name if base.rule.as_given else f"{name} + {base.label}"
     return _candidate(strategy=rule.strategy, label=label, gpus=gpus,
