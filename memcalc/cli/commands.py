@@ -12,6 +12,7 @@ from rich.console import Console, RenderableType
 from rich.table import Table
 
 from memcalc.cli.options import (
+    VERIFY_OPTION,
     feed_options,
     host_options,
     loader_and_machine,
@@ -72,22 +73,28 @@ def main(ctx: click.Context, debug: bool) -> None:
               help="Every table: static count, host arithmetic, assumptions, not modelled.")
 @feed_options
 @host_options
+@VERIFY_OPTION
 @timeout_option
 @click.pass_context
-def estimate(ctx, plot_path, as_json, show_layers, details, **options) -> None:
+def estimate(ctx, plot_path, as_json, show_layers, details, verify, **options) -> None:
     """Memory of one training step: peak, breakdown, top modules; with a GPU, the largest
     batch; host RAM and the DataLoader workers that fit."""
+    from memcalc.host.verify import require_dataset, with_verify
     from memcalc.pipeline import estimate as run_estimate
     from memcalc.render.terminal import report_renderable
-    from memcalc.render.verdict import verdict_line
+    from memcalc.render.verdict import estimate_verdict
 
     def work():
         plot_target = None if plot_path is None else check_plot_path(plot_path)  # before work
         spec = job_spec(ctx, options)
+        if verify:
+            require_dataset(spec.loader)
         with worker_progress(spec.loader.dataset is not None and not as_json) as progress:
             report = run_estimate(spec, progress)
+            if verify:
+                report = report.model_copy(update={"host": with_verify(report.host, progress)})
         _show(report, as_json, partial(report_renderable, show_layers=show_layers,
-                                             details=details), verdict_line)
+                                             details=details), estimate_verdict)
         if plot_target:   # after the report is out: a failed write does not lose it
             plot_report(report, plot_target)
             if not as_json:
@@ -201,11 +208,13 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @SPEC_OPTION
 @host_options
+@VERIFY_OPTION
 @timeout_option
 @click.pass_context
-def host(ctx, shape, batch_size, device, as_json, spec_file, **host_options) -> None:
+def host(ctx, shape, batch_size, device, as_json, spec_file, verify, **host_options) -> None:
     """Host RAM of the training process and the DataLoader workers that fit (no model)."""
     from memcalc.host import HostSpec, host_estimate, measured_host_estimate
+    from memcalc.host.verify import require_dataset, with_verify
     from memcalc.render.host import host_renderable
     from memcalc.render.verdict import host_verdict
 
@@ -219,9 +228,13 @@ def host(ctx, shape, batch_size, device, as_json, spec_file, **host_options) -> 
             if "device" in explicit:
                 fields["cuda"] = spec.cuda
             spec = merged_spec(HostSpec, spec, fields, explicit, spec_file)
+        if verify:
+            require_dataset(spec.loader)
         with worker_progress(spec.loader.dataset is not None and not as_json) as progress:
             report = (measured_host_estimate(spec, progress=progress) if spec.loader.dataset
                       else host_estimate(spec))
+            if verify:
+                report = with_verify(report, progress)
         _show(report, as_json, host_renderable, host_verdict)
 
     _run_guarded(ctx, work)

@@ -70,6 +70,13 @@ HOST_OPTIONS = [
 ]
 
 
+VERIFY_OPTION = click.option(
+    "--verify", is_flag=True,
+    help="Then run the real DataLoader (--dataset) at that num_workers in a memory cgroup "
+         "capped at the usable RAM, for a few batches within --probe-seconds: measured vs "
+         "predicted peak, and whether it held.")
+
+
 def host_options(command):
     for option in reversed(HOST_OPTIONS):
         command = option(command)
@@ -102,7 +109,10 @@ def worker_progress(enabled: bool):
         return
     with _spinner("real DataLoader worker: building the Dataset") as describe:
         def told(phase: str, batches: int, worker_bytes: int) -> None:
-            if phase == "timing":
+            if phase == "verify":
+                describe(f"verify: real DataLoader, batch {batches}, "
+                         f"{format_bytes(worker_bytes)} in use")
+            elif phase == "timing":
                 describe(f"real DataLoader worker: timing {batches} batches (memory sampler "
                          "stopped)")
             else:

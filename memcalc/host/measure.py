@@ -26,7 +26,7 @@ from memcalc.host.report import HostFix, HostReport, WorkerMeasurement
 from memcalc.host.specs import HostSpec, LoaderSpec
 from memcalc.units import format_bytes
 
-_OWN_PROCESS_GROUP = ({"process_group": 0} if sys.version_info >= (3, 11)
+OWN_PROCESS_GROUP = ({"process_group": 0} if sys.version_info >= (3, 11)
                       else {"preexec_fn": os.setpgrp})
 Progress = Callable[[str, int, int], None]
 """Told the probe's phase (``building``, ``memory``, ``timing``), batches measured so far and
@@ -53,20 +53,20 @@ def measure_worker(loader: LoaderSpec, batch_size: int, env: dict[str, str] | No
               "start_method": loader.start_method.value, "seconds": loader.probe_seconds}
     read_fd, write_fd = os.pipe()
     command = [sys.executable, "-m", "memcalc.host.probe", json.dumps(config), str(write_fd)]
-    environment = {**os.environ, **(env or {}), "PYTHONPATH": _pythonpath()}
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": pythonpath()}
     with tempfile.TemporaryFile() as output:
         # its own process group with its DataLoader workers, killed as a group; not its own
         # session: with the kernel's autogroup scheduling a new session is scheduled as a
         # group of its own and would get more CPU on a busy machine than the user's loader
         process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
                                    stderr=output, pass_fds=(write_fd,), env=environment,
-                                   cwd=os.getcwd(), **_OWN_PROCESS_GROUP)
+                                   cwd=os.getcwd(), **OWN_PROCESS_GROUP)
         os.close(write_fd)
         try:
-            result = _read_events(read_fd, loader, progress)
+            result = _read_events(read_fd, loader, progress, process.pid)
         finally:
             os.close(read_fd)
-            _kill_group(process)
+            kill_group(process)
         output.seek(0)
         stderr = output.read().decode(errors="replace")
     if result is None:
@@ -131,11 +131,13 @@ def with_measured_sample(spec: HostSpec, measured: WorkerMeasurement) -> HostSpe
     return spec.model_copy(update={"sample_shape": tuple(measured.sample_shape), "loader": loader})
 
 
-def _read_events(read_fd: int, loader: LoaderSpec, progress: Progress | None) -> dict | None:
+def _read_events(read_fd: int, loader: LoaderSpec, progress: Progress | None,
+                 pid: int) -> dict | None:
     """The probe's events until its result, an error, the end of the pipe or the deadline:
     ``STARTUP_SECONDS`` to import and build the Dataset, then ``--probe-seconds`` plus
-    ``LATE_SECONDS`` for the measured batches."""
-    buffer, end = b"", time.monotonic() + STARTUP_SECONDS
+    ``LATE_SECONDS`` for the measured batches. The result gets the main process's mapped
+    file pages, read when its Dataset is built (``main_file_bytes``)."""
+    buffer, end, file_bytes = b"", time.monotonic() + STARTUP_SECONDS, 0
     while True:
         remaining = end - time.monotonic()
         if remaining <= 0:
@@ -151,9 +153,10 @@ def _read_events(read_fd: int, loader: LoaderSpec, progress: Progress | None) ->
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            event = _parse(line.decode(errors="replace"))
+            event = parse_event(line.decode(errors="replace"))
             if event.get("event") == "started":
                 end = time.monotonic() + loader.probe_seconds + LATE_SECONDS
+                file_bytes = mapped_file_bytes(pid)
                 if progress:
                     progress("memory", 0, 0)
             elif event.get("event") == "batch" and progress:
@@ -167,24 +170,37 @@ def _read_events(read_fd: int, loader: LoaderSpec, progress: Progress | None) ->
                     f"dataset {loader.dataset!r} failed in the measuring process: "
                     f"{event['message']}; call dataset[0] in your own script to debug")
             elif event.get("event") == "result":
-                return event
+                return {**event, "main_file_bytes": file_bytes}
 
 
-def _kill_group(process: subprocess.Popen) -> None:
+def mapped_file_bytes(pid: int) -> int:
+    """PSS of the file pages a process maps (its libraries): page cache, which a memory
+    cgroup charges to whoever read it first and reclaims before it OOM-kills; 0 when gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as rollup:
+            for line in rollup:
+                if line.startswith("Pss_File:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def kill_group(process: subprocess.Popen) -> None:
     """Kill the probe and every process of its group (DataLoader workers included)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 
-def _parse(line: str) -> dict:
+def parse_event(line: str) -> dict:
     try:
         return json.loads(line)
     except json.JSONDecodeError:
         return {}   # the user's dataset printed something
 
 
-def _pythonpath() -> str:
+def pythonpath() -> str:
     """memcalc's own location first, so the probe imports this memcalc, then the caller's path."""
     package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return os.pathsep.join([package_root, os.getcwd(), os.environ.get("PYTHONPATH", "")])

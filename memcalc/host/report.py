@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, computed_field
 
 from memcalc.host.arithmetic import HostTerm
 from memcalc.host.specs import HostSpec
@@ -23,6 +23,9 @@ class WorkerMeasurement(BaseModel):
     batch_bytes: int
     main_process_bytes: int
     """PSS of the main process with the dataset built (shared pages counted here, once)."""
+    main_file_bytes: int = 0
+    """Of that, mapped file pages (libraries): page cache, charged by a memory cgroup to
+    whoever read it first and reclaimed before an OOM kill, so not counted in the totals."""
     dataset_bytes: int
     """What building the Dataset object added to the main process."""
     worker_first_bytes: int
@@ -59,6 +62,46 @@ class HostFix(BaseModel):
     per_worker_bytes: int
     max_num_workers: int
     measurement: WorkerMeasurement
+
+
+class VerifyReport(BaseModel):
+    """The real DataLoader run at the planned worker count under the planned cap
+    (``memcalc.host.verify``): its measured peak against the prediction."""
+
+    model_config = _FROZEN
+
+    num_workers: int
+    prefetch_factor: int
+    pin_memory: bool
+    batches_planned: int
+    """Enough for every worker to fill its prefetch queue twice."""
+    batches: int
+    """Batches the main process took before the run ended."""
+    seconds: float
+    measured_peak_bytes: int
+    measured_by: str
+    """"memory cgroup (v1)" / "(v2)": the kernel's charge; or "PSS + /dev/shm" sampled where
+    no cgroup could be made (``cgroup_unavailable`` says why)."""
+    cgroup_unavailable: str | None = None
+    page_cache_bytes: int | None = None
+    """Page cache of the files the run read, charged to its cgroup when it ended: part of the
+    measured peak, reclaimed before an OOM kill (None without a cgroup)."""
+    predicted_peak_bytes: int
+    """The estimate for this run: the workers and batches as run, without the model and
+    without CUDA where it was not used."""
+    cap_bytes: int
+    """The planned limit (usable RAM), never above the memory this machine had available."""
+    held: bool
+    """Every planned batch (or the dataset's end) reached within the cap, nothing OOM-killed."""
+    oom_killed: bool
+    reason: str | None = None
+    """Why the run was cut short, when it was."""
+
+    @computed_field
+    @property
+    def ratio(self) -> float:
+        """Measured over predicted peak."""
+        return self.measured_peak_bytes / max(1, self.predicted_peak_bytes)
 
 
 class HostReport(BaseModel):
@@ -104,5 +147,7 @@ class HostReport(BaseModel):
     sbatch: list[str]
     measurement: WorkerMeasurement | None = None
     fix: HostFix | None = None
+    verify: VerifyReport | None = None
+    """The plan checked on this machine (``--verify``)."""
     assumptions: list[str]
     warnings: list[str]

@@ -1,0 +1,111 @@
+"""Run the user's real DataLoader for ``memcalc host --verify`` (a subprocess).
+
+``python -m memcalc.host.verify_run '<json config>' FD`` writes one JSON object per line to
+file descriptor FD: ``started`` once the Dataset is built, ``batch`` per batch the main
+process takes, and a final ``result`` (or ``error`` / ``input_error``). The main process holds
+each batch for a simulated step; the first one long enough for every worker to fill its
+prefetch queue (as at an epoch start, the usual peak). It dies with its parent (PDEATHSIG),
+and its workers with it (DataLoader's watchdog), so a killed memcalc leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+from memcalc.errors import (
+    InputError,
+    UserCodeError,
+    at_user_frame,
+    dataloader_worker_failure,
+    first_line,
+)
+
+FIRST_HOLD_S = 1.0
+"""Least time the first batch is held, so the workers' queues fill behind it."""
+_PR_SET_PDEATHSIG = 1
+_EVENTS: list[Any] = [sys.stdout]
+
+
+def _emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), file=_EVENTS[0], flush=True)
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL when memcalc ends, however it ends (Linux); nothing where not supported."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:     # memcalc ended before the call
+        os._exit(1)
+
+
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    import torch
+    from torch.utils.data import DataLoader
+
+    from memcalc.model.user_code import load_dataset
+
+    dataset = load_dataset(config["dataset"])
+    _emit("started")
+    workers = config["num_workers"]
+    options = ({"prefetch_factor": config["prefetch_factor"],
+                "multiprocessing_context": multiprocessing.get_context(config["start_method"]),
+                "persistent_workers": config["persistent_workers"]} if workers else {})
+    loader = DataLoader(dataset, batch_size=config["batch_size"], shuffle=True,
+                        num_workers=workers, pin_memory=config["pin_memory"]
+                        and torch.cuda.is_available(), **options)
+    start = time.monotonic()
+    deadline, stopped_by, taken = start + config["seconds"], "dataset end", 0
+    for index, _trained_on in enumerate(loader):    # held while the step 'runs'
+        taken = index + 1
+        _emit("batch", index=index)
+        if taken >= config["batches"]:
+            stopped_by = "batches"
+            break
+        # the first batch took as long as each worker's first: queues of prefetch_factor
+        # batches fill in about that many times as long
+        hold = (max(FIRST_HOLD_S, 1.5 * config["prefetch_factor"] * (time.monotonic() - start))
+                if index == 0 and workers else config["step_s"])
+        time.sleep(max(0.0, min(hold, deadline - time.monotonic())))
+        if time.monotonic() > deadline:
+            stopped_by = "time"
+            break
+    return {"batches": taken, "stopped_by": stopped_by, "seconds": time.monotonic() - start}
+
+
+def main() -> None:
+    config = json.loads(sys.argv[1])
+    _die_with_parent(config["parent_pid"])
+    if len(sys.argv) > 2:
+        _EVENTS[0] = os.fdopen(int(sys.argv[2]), "w", buffering=1)
+        sys.stdout.flush()
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+    try:
+        _emit("result", **run(config))
+    except InputError as error:   # a bad reference
+        _emit("input_error", message=str(error).splitlines()[0])
+        sys.exit(2)
+    except SystemExit as error:      # sys.exit in the Dataset's code (in this process)
+        _emit("error", message=f"your Dataset called sys.exit({error.code!r})"
+                               f"{at_user_frame(error)}")
+        sys.exit(3)
+    except UserCodeError as error:
+        _emit("error", message=first_line(error, limit=1000))
+        sys.exit(3)
+    except Exception as error:   # the user's Dataset can raise anything; report it in one line
+        _emit("error", message=dataloader_worker_failure(error)
+              or f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}")
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    main()
