@@ -28,7 +28,7 @@ def _fits(total_at, budget=8, cards=CARDS):
         traced.add(batch)
         return SimpleNamespace(total_bytes=total_at(batch), fits=None, method="traced",
                                peak_allocated_bytes=total_at(batch),
-                               compute_peak_bytes=0, optimizer_peak_bytes=0,
+                               compute_peak_bytes=0, optimizer_peak_bytes=0, context_bytes=0,
                                runs_at_capacity=None)
 
     fits = card_fits(report_at, cards, {card: usable + GIB for card, usable in cards.items()},
@@ -43,7 +43,7 @@ def _fits(total_at, budget=8, cards=CARDS):
 def test_confirmed_batches_are_the_largest_that_fit(total_at):
     fits, traced = _fits(total_at, budget=40)
     for card, usable in CARDS.items():
-        assert fits[card].confirmed
+        assert fits[card].confirmed and fits[card].upper_batch_size is None
         assert fits[card].max_batch_size == _largest(total_at, usable)
         assert fits[card].total_bytes == total_at(fits[card].max_batch_size)
 
@@ -60,6 +60,9 @@ def test_the_budget_bounds_the_traces_and_unconfirmed_answers_say_so():
             fitting = [b for b in traced if total_at(b) <= usable]
             over = [b for b in traced if total_at(b) > usable]
             assert max(fitting) <= fit.max_batch_size < min(over, default=1 << 30)
+            # the allocated bytes' line through batches 1 and 8 bounds it from above (here
+            # the totals are allocated bytes, and convex: the line runs below them)
+            assert fit.upper_batch_size >= _largest(total_at, usable)
         else:
             assert fit.max_batch_size == _largest(total_at, usable)
 

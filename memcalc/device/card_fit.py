@@ -56,8 +56,10 @@ def card_fits(report_at: ReportAt, usable_bytes: dict[str, int], memory_bytes: d
     fits = []
     for card, usable in usable_bytes.items():
         def fit(batch: int, total: int, confirmed: bool) -> CardFit:
+            upper = None if confirmed else max(batch, _allocated_bound(first, second, usable))
             return CardFit(gpu=card, memory_bytes=memory_bytes[card], usable_bytes=usable,
-                           max_batch_size=batch, total_bytes=total, confirmed=confirmed)
+                           max_batch_size=batch, total_bytes=total, confirmed=confirmed,
+                           upper_batch_size=upper)
 
         first = report_at(card, small)
         if not _fits(first, usable):
@@ -98,6 +100,16 @@ def _between_traced(reports: dict[int, DeviceReport], usable: int) -> tuple[int,
     batch = a + math.floor((usable - reports[a].total_bytes) / slope)
     batch = max(low, min(batch, high - 1 if high is not None else MAX_BATCH))
     return batch, round(reports[a].total_bytes + (batch - a) * slope)
+
+
+def _allocated_bound(first: DeviceReport, second: DeviceReport, usable: int) -> int:
+    """Where the line of allocated bytes (+ the context) through batches 1 and 8 meets
+    ``usable``: no batch above it can fit, whatever the allocator caches."""
+    low, high = (report.peak_allocated_bytes + (report.context_bytes or 0)
+                 for report in (first, second))
+    if high <= low:
+        return MAX_BATCH
+    return _from_line(low, high, usable)[0]
 
 
 def _fits(report: DeviceReport, usable: int) -> bool:

@@ -65,6 +65,10 @@ class CardFit(BaseModel):
     confirmed: bool
     """Traced at the batch and at the next one up (or at batch 1 when none fits); False: the
     card's line through batches 1 and 8 (far from a boundary, or past the trace budget)."""
+    upper_batch_size: int | None = None
+    """Not confirmed: the most the card could take, where the allocated bytes alone (nothing
+    cached, no fragmentation) reach its usable memory; ``max_batch_size`` is the conservative
+    end, with the allocator's reserve as traced."""
 
 
 class Breakdown(BaseModel):
