@@ -1,7 +1,11 @@
-"""Host RAM against a real DataLoader measured by PSS (``tests/fixtures/host_truth.py``):
-the shape arithmetic within ±25 %, the measured worker within ±15 %."""
+"""Host RAM against a real DataLoader as the kernel charges it: the peak of a fresh memory
+cgroup it runs in (``tests/fixtures/host_truth.py``). Totals at 0/1/2 workers and the cost of
+one more worker (the slope between 1 and 2), shape-based and from a measured worker, within
+15 %. Skipped, with the reason, where no memory cgroup can be made."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -11,7 +15,7 @@ from tests.fixtures.host_datasets import (
     VOLUME_SHAPE,
     python_objects_bytes,
 )
-from tests.fixtures.host_truth import truth_peak_bytes
+from tests.fixtures.host_truth import HostTruth, cgroup_unavailable_reason, host_truth
 from memcalc.errors import InputError
 from memcalc.host.measure import (
     MeasurementError,
@@ -22,6 +26,10 @@ from memcalc.host.workers import host_estimate
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 
 MACHINE = MachineSpec(cpus=2, ram_bytes=24 << 30)
+TOLERANCE = 0.15
+NO_CGROUP = cgroup_unavailable_reason()
+needs_cgroup = pytest.mark.skipif(NO_CGROUP is not None,
+                                  reason=f"no writable memory cgroup: {NO_CGROUP}")
 
 
 def spec_for(name: str, workers: int, **loader) -> HostSpec:
@@ -39,16 +47,35 @@ def measurements():
             for name in HOST_CASES}
 
 
+@functools.cache
+def truth(name: str, workers: int) -> HostTruth:
+    return host_truth(name, workers)
+
+
+def predictions(name: str, workers: int, measurements) -> dict[str, object]:
+    """The shape-based and the measured report at ``workers``."""
+    reference = f"tests.fixtures.host_datasets:{name}"
+    return {"shape-based": host_estimate(spec_for(name, workers)),
+            "measured": host_estimate(spec_for(name, workers, dataset=reference),
+                                      measurements[name])}
+
+
+@needs_cgroup
 @pytest.mark.parametrize("workers", [0, 1, 2])
 @pytest.mark.parametrize("dataset", list(HOST_CASES))
-def test_prediction_matches_a_real_dataloader(dataset, workers, measurements):
-    truth = truth_peak_bytes(dataset, workers)
-    shape_based = host_estimate(spec_for(dataset, workers)).peak_bytes
-    reference = f"tests.fixtures.host_datasets:{dataset}"
-    measured = host_estimate(spec_for(dataset, workers, dataset=reference),
-                             measurements[dataset]).peak_bytes
-    assert abs(shape_based / truth - 1) <= 0.25, (shape_based, truth)
-    assert abs(measured / truth - 1) <= 0.15, (measured, truth)
+def test_total_matches_the_memory_cgroup(dataset, workers, measurements):
+    charged = truth(dataset, workers).cgroup_bytes
+    for how, report in predictions(dataset, workers, measurements).items():
+        assert abs(report.peak_bytes / charged - 1) <= TOLERANCE, (how, report.peak_bytes, charged)
+
+
+@needs_cgroup
+@pytest.mark.parametrize("dataset", list(HOST_CASES))
+def test_one_more_worker_costs_what_the_memory_cgroup_says(dataset, measurements):
+    slope = truth(dataset, 2).cgroup_bytes - truth(dataset, 1).cgroup_bytes
+    for how, report in predictions(dataset, 2, measurements).items():
+        assert abs(report.per_worker_bytes / slope - 1) <= TOLERANCE, (
+            how, report.per_worker_bytes, slope)
 
 
 def test_measured_sample_comes_from_the_first_item(measurements):

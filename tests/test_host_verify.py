@@ -43,7 +43,7 @@ def leftovers() -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("dataset", ["tensor_volumes", "python_objects"])
+@pytest.mark.parametrize("dataset", ["tensor_volumes", "uint8_volumes"])
 def test_the_verify_run_is_within_15_percent_of_the_prediction(dataset):
     case = HOST_CASES[dataset]
     report = measured_host_estimate(spec_for(f"host_datasets:{dataset}", 2, case.batch_size))

@@ -3,8 +3,11 @@
 Each term is a peak: a worker is counted while it collates a batch (its samples and the
 collated copy alive), the main process while it holds the batch it trains on. How the
 terms add up over time (epoch start vs steady state) is ``memcalc.host.workers``'s concern.
-Baseline constants were measured on Linux x86-64, Python 3.11, torch 2.13 (CPU wheel),
-glibc 2.36, with ``memcalc.host.procmem`` (PSS).
+Bytes are counted as a memory cgroup charges them (what a SLURM job's limit enforces):
+anonymous memory and shared memory; the page cache of mapped libraries is charged to whoever
+read it first and reclaimed before an OOM kill, so it is left out. Baseline constants were
+measured on Linux x86-64, Python 3.11, torch 2.13 (CPU wheel), glibc 2.36, in a fresh memory
+cgroup (``memcalc.host.cgroup``) and with ``memcalc.host.procmem``.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from pydantic import BaseModel, ConfigDict, computed_field
 from memcalc.dtypes import dtype_bytes
 from memcalc.host.specs import HostSpec, StartMethod
 
-TORCH_PROCESS_BYTES = 218 << 20
-"""PSS of ``python -c 'import torch'`` (143 MiB anonymous + 75 MiB of mapped libraries)."""
+TORCH_PROCESS_BYTES = 150 << 20
+"""``python -c 'import torch'`` as a fresh memory cgroup charges it (``memory.max_usage_in_bytes``
+150 MiB; its ``Anonymous`` 149 MiB). Its PSS is 184-218 MiB: 36-75 MiB of mapped libraries,
+page cache that depends on how many processes share it and is not charged again here."""
 FORK_WORKER_BYTES = 16 << 20
 """Pages a forked worker dirties (copy-on-write) running the DataLoader worker loop."""
 SPAWN_WORKER_BYTES = 155 << 20
@@ -71,8 +76,9 @@ def main_terms(spec: HostSpec, batch: int, num_workers: int, torch_process_bytes
                dataset_bytes: int, measured: bool = False) -> list[HostTerm]:
     """The main (training) process: interpreter, CUDA, dataset, the batch it is consuming."""
     terms = [HostTerm(name="python + torch", bytes_each=torch_process_bytes, count=1,
-                      per_worker=False, note="measured main process with your imports (PSS)"
-                      if measured else "interpreter with torch imported (PSS)")]
+                      per_worker=False, note="measured main process with your imports (PSS less "
+                      "mapped libraries)" if measured else "interpreter with torch imported "
+                      "(as a memory cgroup charges it)")]
     if spec.cuda:
         terms.append(HostTerm(name="CUDA host context", bytes_each=CUDA_HOST_CONTEXT_BYTES, count=1,
                               per_worker=False, note="initialising CUDA (PyTorch #113326)"))
@@ -108,7 +114,7 @@ def loading_terms(spec: HostSpec, torch_process_bytes: int, dataset_bytes: int
                   ) -> list[HostTerm]:
     """Before the loop: the model built on the host and the checkpoint's state dict."""
     terms = [HostTerm(name="python + torch", bytes_each=torch_process_bytes, count=1,
-                      per_worker=False, note="interpreter with torch imported (PSS)"),
+                      per_worker=False, note="interpreter with torch imported"),
              HostTerm(name="model while loading", bytes_each=spec.model_bytes, count=2,
                       per_worker=False, note="the module and the loaded state dict, before "
                       + ("moving to the GPU" if spec.cuda else "training"))]

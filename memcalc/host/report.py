@@ -126,7 +126,8 @@ class HostReport(BaseModel):
     peak_bytes: int
     """The largest of ``epoch_start_bytes``, ``steady_bytes`` and ``loading_bytes``."""
     epoch_start_bytes: int
-    """Every worker collating its last prefetched batch at once, none taken yet."""
+    """Every worker collating its last prefetched batch at once, the main process holding
+    the first."""
     steady_bytes: int
     """Queues full, one batch in training, one worker building the next."""
     loading_bytes: int

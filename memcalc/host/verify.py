@@ -8,7 +8,9 @@ cgroup (``memcalc.host.cgroup``) whose cap the kernel enforces and whose leftove
 when it is removed. Where no cgroup can be made, the process tree's PSS + /dev/shm is sampled
 instead and the group is killed when it passes the cap.
 
-Known limitations: sampling (the fallback) can miss a peak shorter than its interval and
+Known limitations: a bounded run shows what a few batches do, not growth over an epoch (a
+Python-object dataset copied page by page as workers read it, a leak): the measured worker's
+growth is the estimate's, the run's peak can stay below it; sampling (the fallback) can miss a peak shorter than its interval and
 does not count shared-memory pages no process maps yet; the run loads no model and starts
 CUDA only to pin memory, so those terms are left out of the prediction it is compared with.
 """

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from memcalc.errors import InputError
 from memcalc.host.arithmetic import (
-    HELD_BATCH,
     TORCH_PROCESS_BYTES,
     HostTerm,
     batch_bytes,
@@ -92,7 +91,8 @@ class _Sizes:
             self.sample = measurement.sample_bytes
             self.batch = measurement.batch_bytes * spec.batch_size // measurement.batch_size
             self.dataset = measurement.dataset_bytes
-            self.baseline = measurement.main_process_bytes - self.dataset
+            self.baseline = (measurement.main_process_bytes - self.dataset
+                             - measurement.main_file_bytes)
             self.workers = _measured_worker_terms(spec, measurement, self.batch)
         elif spec.sample_shape is None:
             raise InputError("the host estimate needs --shape, or --dataset to measure")
@@ -115,12 +115,12 @@ class _Sizes:
         return max(self.epoch_start_at(count), self.steady_at(count), self.loading)
 
     def epoch_start_at(self, count: int) -> int:
-        """All workers collating their ``prefetch_factor``-th batch together, before the main
-        process has taken a batch."""
-        main = self.main_at(count)
-        held = sum(term.total_bytes for term in main if term.name == HELD_BATCH)
-        unpinned_held = held if count and not self.spec.pin_memory else 0   # pinned stays cached
-        return _sum(main) - unpinned_held + count * self.per_worker
+        """All workers collating their last prefetched batch together while the main process
+        holds the first one: taking it sent its worker a new index, so ``prefetch_factor`` ×
+        workers batches are in flight beside the held one (as ``shm_at`` counts them). A
+        memory cgroup saw this in a real DataLoader: 738 MiB at 2 workers of 40 MiB samples,
+        batch 2, where this moment less the held batch is 662 MiB."""
+        return _sum(self.main_at(count)) + count * self.per_worker
 
     def steady_at(self, count: int) -> int:
         """Queues full, the main process training on a batch, one worker building the next."""
@@ -207,9 +207,11 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None,
                  batch: int) -> list[str]:
     loader, machine = spec.loader, spec.machine
     notes = [
-        "peak = the larger of two moments: epoch start (every worker collating its "
-        "prefetch_factor-th batch at once, nothing taken yet) and steady state (all queues "
-        "full, the main process training on one batch, one worker building the next)",
+        "peak = the larger of two moments: epoch start (every worker collating its last "
+        "prefetched batch at once while the main process trains on the first) and steady "
+        "state (all queues full, the main process training on one batch, one worker "
+        "building the next); bytes as a memory cgroup charges them (anonymous and shared "
+        "memory; page cache of libraries and files is reclaimable and left out)",
         f"machine: {machine.cpus} CPUs, limit {format_bytes(machine.limit_bytes)} ({machine.source})"
         f", {format_bytes(loader.headroom_fraction * machine.limit_bytes)} kept free "
         f"({loader.headroom_fraction:.0%} headroom)",
@@ -228,7 +230,8 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None,
                      "give --shm)")
     if measurement is None:
         notes.append(f"python + torch {format_bytes(TORCH_PROCESS_BYTES)} and worker baselines "
-                     "measured with torch 2.13 on Linux; other imports of your script add to them")
+                     "measured with torch 2.13 on Linux in a memory cgroup; other imports of "
+                     "your script add to them")
         notes.append(f"sample {loader.sample_dtype or 'float32'}; building one holds the sample"
                      + (f", a {loader.raw_dtype} decoded copy" if loader.raw_dtype else "")
                      + f" and {loader.transform_copies} full-size transform copies "
