@@ -23,9 +23,9 @@ def test_utilization_closed_forms():
 def test_more_runnable_processes_than_cores_share_them():
     # 8 workers and a sleeping main process on 2 cores: each worker gets a quarter core
     assert utilization(8, 0.01, 0.2, cpus=2, main_busy=0) == pytest.approx(8 * 0.25 * 0.05)
-    # the main process spins a core while the GPU is busy (share u): u = 8·2/(8+u)·0.05,
-    # the positive root of u² + 8u − 0.8
-    assert utilization(8, 0.01, 0.2, cpus=2) == pytest.approx((-8 + math.sqrt(64 + 3.2)) / 2)
+    # the main process spins a core while the GPU is busy (share u) and the workers share
+    # what it leaves: u = (2 − u)·0.05, so u = 0.1 / 1.05
+    assert utilization(8, 0.01, 0.2, cpus=2) == pytest.approx(0.1 / 1.05)
     # other processes use one of 2 cores: two workers and a sleeping main share the other
     assert utilization(2, 0.01, 0.04, cpus=2, main_busy=0, other_busy_cpus=1) == \
         pytest.approx(2 * 0.5 * 0.25)
@@ -35,6 +35,27 @@ def test_more_runnable_processes_than_cores_share_them():
     assert utilization(0, 0.01, 0.04, cpus=2, other_busy_cpus=1) == pytest.approx(0.2)
     # spare cores: a spinning main process costs the workers nothing
     assert utilization(2, 0.03, 0.04, cpus=4) == utilization(2, 0.03, 0.04, cpus=4, main_busy=0)
+
+
+def test_the_main_process_takes_each_batch_between_steps():
+    # workers to spare: a step starts every step + receive (20 ms step, 5 ms to take a batch)
+    assert utilization(4, 0.02, 0.01, cpus=8, receive_s=0.005) == pytest.approx(0.02 / 0.025)
+    # taking batches is CPU the workers lose: a spinning main process uses u·(20 + 5)/20 of
+    # the 2 cores, two workers (40 ms a batch) the rest: u = (2 − 1.25u)·0.5, u = 1/1.625
+    assert utilization(2, 0.02, 0.04, cpus=2, receive_s=0.005) == pytest.approx(1 / 1.625)
+    # a sleeping main process uses only the receiving: u = (2 − 0.25u)·0.5, u = 1/1.125,
+    # above the serial bound 0.02/0.025 = 0.8, which holds
+    assert utilization(2, 0.02, 0.04, cpus=2, main_busy=0, receive_s=0.005) == \
+        pytest.approx(0.8)
+
+
+def test_without_workers_the_main_process_builds_at_its_own_speed():
+    # a worker needs 40 ms a batch (it writes the batch into shared memory), the main
+    # process 25 ms in its own memory
+    assert utilization(0, 0.02, 0.04, cpus=2, main_load_s=0.025) == pytest.approx(0.02 / 0.045)
+    assert utilization(0, 0.02, 0.04, cpus=2) == pytest.approx(0.02 / 0.06)
+    # the worker's time still sets the pace with workers
+    assert utilization(1, 0.02, 0.04, cpus=2, main_load_s=0.025) == pytest.approx(0.5)
 
 
 def test_smallest_worker_count_reaching_95_percent():
@@ -49,8 +70,9 @@ def test_too_few_cpus_is_a_cpu_bound_verdict_with_advice():
     report = feeding_report(0.01, "given", 0.3, "given", max_workers=2, cpus=2,
                             batch_bytes=1 << 20, pin_memory=False)
     assert report.bound == "cpu" and report.num_workers == 2
-    # two workers and the spinning main process share 2 cores: u = 2·2/(2+u)·(0.01/0.3)
-    assert report.expected_gpu_utilization == pytest.approx((-2 + math.sqrt(4 + 16 / 30)) / 2)
+    # the spinning main process takes u of the 2 cores, two workers the rest:
+    # u = (2 − u)·(0.01/0.3), so u = 2/31
+    assert report.expected_gpu_utilization == pytest.approx(2 / 31)
     assert "CPU-bound: 29 workers" in report.advice[0]
     io = feeding_report(0.01, "given", 0.3, "read bandwidth", max_workers=2, cpus=2,
                         batch_bytes=1 << 20, pin_memory=False)

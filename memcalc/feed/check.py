@@ -2,11 +2,18 @@
 utilisation per worker count next to the feeding model's, on this machine as loaded now.
 
 Each worker count is predicted with the load other processes put on the CPUs while it was
-measured (``host.machine.OtherLoad``). The simulated step either sleeps (a process that waits without using a core) or spins for
-the step time (a training process whose CUDA synchronisation spin-waits, the default)."""
+measured (``host.machine.OtherLoad``). The simulated step either sleeps (a process that waits
+without using a core) or spins for the step time (a training process whose CUDA
+synchronisation spin-waits, the default).
+
+The prediction takes the worker's time per sample from the probe and measures, before the
+runs, what the main process itself spends per batch (``main_process_costs``): building one
+with no workers, and taking one a worker has ready."""
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
 from collections.abc import Callable
 from typing import NamedTuple
@@ -16,10 +23,12 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import utilization
-from memcalc.host.machine import OtherLoad
+from memcalc.host.machine import OtherLoad, cpu_wait_seconds
 from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
+COST_BATCHES = 6
+"""Batches timed for each of the main process's own costs (after one warm-up batch)."""
 
 
 def _spin(seconds: float) -> None:
@@ -37,6 +46,40 @@ class Consumer(NamedTuple):
 
 
 CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(_spin, 1.0)}
+
+
+class MainCosts(NamedTuple):
+    build_s: float
+    """Building one batch in the main process (0 workers): the median over COST_BATCHES."""
+    receive_s: float
+    """Taking one batch a worker has ready, the one before freed: the median."""
+
+
+def main_process_costs(dataset, batch_size: int, worker_batch_s: float) -> MainCosts:
+    """The main process's own time per batch, each timed alone (no step): building batches
+    itself, then taking them from one worker, waiting twice the longer build time before
+    each so that the batch is ready and the worker idle."""
+    build = _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=0), 0.0)
+    wait_s = 2 * max(build, worker_batch_s) + 0.005
+    receive = _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=1), wait_s)
+    return MainCosts(build, receive)
+
+
+def _median_next(loader: DataLoader, wait_s: float) -> float:
+    """Median time of ``next`` on the loader, less this process's waits for a CPU (from
+    ``/proc/PID/schedstat``, as the probe does for the worker): its time with a core to
+    itself, which the model shares out with the load measured during each run."""
+    iterator, thread = iter(loader), threading.get_native_id()
+    batch, times = next(iterator), []
+    for _ in range(COST_BATCHES):
+        time.sleep(wait_s)
+        start, waited = time.perf_counter(), cpu_wait_seconds(thread)
+        del batch       # freeing the previous batch is the training loop's cost too
+        batch = next(iterator)
+        elapsed, after = time.perf_counter() - start, cpu_wait_seconds(thread)
+        times.append(elapsed - (after - waited if None not in (waited, after) else 0.0))
+    del batch, iterator
+    return statistics.median(times)
 
 
 class FeedRow(BaseModel):
@@ -65,6 +108,11 @@ class FeedCheck(BaseModel):
     consumer: str
     """How the simulated step passes its time: ``sleep`` or ``spin``."""
     rows: list[FeedRow]
+    main_build_s: float | None = None
+    """The main process's time to build a batch itself (``main_process_costs``), what the
+    0-worker prediction uses; None: the worker's time stood in."""
+    receive_s: float = 0.0
+    """The main process's time to take a ready batch from a worker."""
 
 
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
@@ -93,11 +141,12 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
     if consumer not in CONSUMERS:
         raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
     dataset = load_dataset(reference)
-    needed = (WARMUP_BATCHES + max(worker_counts) + batches) * batch_size
+    needed = max(WARMUP_BATCHES + max(worker_counts) + batches, 1 + COST_BATCHES) * batch_size
     if len(dataset) < needed:
         raise InputError(f"dataset {reference!r} has {len(dataset)} samples; the check needs "
-                         f"{needed} ((warm-up + largest --workers + --batches) × batch size); "
-                         "lower --batches or --workers")
+                         f"{needed} ((warm-up + largest --workers + --batches) × batch size, at "
+                         f"least {1 + COST_BATCHES} batches); lower --batches or --workers")
+    costs = main_process_costs(dataset, batch_size, seconds_per_sample * batch_size)
     rows = []
     for workers in worker_counts:
         measured, others = measured_utilization(dataset, batch_size, workers, step_s, batches,
@@ -106,9 +155,10 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
             num_workers=workers, measured_gpu_utilization=measured, other_busy_cpus=others,
             predicted_gpu_utilization=utilization(
                 workers, step_s, seconds_per_sample * batch_size, cpus,
-                main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=others)))
+                main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=others,
+                receive_s=costs.receive_s, main_load_s=costs.build_s)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
                      seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
-                     rows=rows)
+                     rows=rows, main_build_s=costs.build_s, receive_s=costs.receive_s)

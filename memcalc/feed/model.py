@@ -2,20 +2,27 @@
 
 Workers build batches in parallel, one at a time each, so W workers deliver W batches per
 batch-build time; prefetching only absorbs jitter. With no workers the main process builds
-each batch between steps. The pin-memory copy is serial in the main process's pin thread.
+each batch between steps, in its own memory (``main_load``: measured, it is often shorter
+than a worker's, which writes the batch into shared memory). With workers the main process
+takes each batch between steps (``receive``: the shared-memory handles, mapping the batch,
+freeing the one before), so a step starts at most every step + receive. The pin-memory copy
+is serial in the main process's pin thread.
 
-The cores left to the job — C less what other processes use (none on a dedicated training
-node; ``memcalc feed`` measures it) — are shared the way Linux's scheduler shares them: every
-runnable process of the job gets an equal part, at most one core. Runnable are the W workers
-and the training process itself for the share ``main_busy`` of a step it keeps a core busy:
-``1`` for a real GPU job (kernel launches, then CUDA's default synchronisation spins while the
-GPU works: ``cudaDeviceScheduleAuto`` spins when there are fewer CUDA contexts than cores),
-``0`` for a consumer that sleeps. With u the GPU-busy share and A = C − other load:
+The cores left to the job are A = C − what other processes use (none on a dedicated
+training node; ``memcalc feed`` measures it). The training process is busy for
+``main_busy`` × step + receive per batch: ``main_busy`` is ``1`` for a real GPU job (kernel
+launches, then CUDA's default synchronisation spins while the GPU works:
+``cudaDeviceScheduleAuto`` spins when there are fewer CUDA contexts than cores), ``0`` for a
+consumer that sleeps. It takes its cores first: measured on 2 cores, workers got what it left
+rather than an equal share beside it (the scheduler runs a process waking from a wait for its
+batch ahead of the workers, and batches are taken in order, so a worker that falls behind
+holds up the others). With u the GPU-busy share:
 
-    share(n)       = min(1, A / n)                       n runnable processes on A cores
-    utilisation(0) = step / (step + build / share(1) + pin)
-    utilisation(W) = u solving u = min(1, W × share(W + main_busy × u) × step / build,
-                                       step / pin)
+    main(u)        = u × (main_busy × step + receive) / step   cores the training process uses
+    workers(u)     = min(W, A − main(u))                        cores left to the W workers
+    utilisation(0) = step / (step + main_load / min(1, A) + pin)
+    utilisation(W) = u solving u = min(1, workers(u) × step / build,
+                                       step / (step + receive), step / pin)
 """
 
 from __future__ import annotations
@@ -74,20 +81,24 @@ def cpu_share(runnable: float, cpus: float) -> float:
 
 
 def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: float = 0.0, *,
-                main_busy: float = GPU_JOB_MAIN_BUSY, other_busy_cpus: float = 0.0) -> float:
+                main_busy: float = GPU_JOB_MAIN_BUSY, other_busy_cpus: float = 0.0,
+                receive_s: float = 0.0, main_load_s: float | None = None) -> float:
     """Share of wall time the GPU is busy with ``workers`` DataLoader workers (module text).
 
     ``load_s`` is one worker's time for one batch on a core of its own; ``other_busy_cpus``
-    the cores other processes use meanwhile."""
+    the cores other processes use meanwhile; ``receive_s`` the training process's time to
+    take a ready batch from a worker; ``main_load_s`` its own time to build one (0 workers),
+    ``load_s`` when not given."""
     available = max(MIN_AVAILABLE_CPUS, cpus - other_busy_cpus)
     if workers == 0:
-        build_s = load_s / cpu_share(1, available)
+        build_s = (load_s if main_load_s is None else main_load_s) / cpu_share(1, available)
         return step_s / (step_s + build_s + pin_s)
+    main_per_step = (main_busy * step_s + receive_s) / step_s
+    serial = [step_s / (step_s + receive_s)] + ([step_s / pin_s] if pin_s else [])
 
     def sustained(busy: float) -> float:
-        share = cpu_share(workers + main_busy * busy, available)
-        bounds = [1.0, workers * share * step_s / load_s] + ([step_s / pin_s] if pin_s else [])
-        return min(bounds)
+        cores = min(workers, max(0.0, available - main_per_step * busy))
+        return min([1.0, cores * step_s / load_s, *serial])
 
     # sustained() falls as the GPU-busy share rises (a busier main process takes more CPU):
     # the one fixed point lies between 0 and 1
@@ -122,9 +133,10 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
         assumptions=[
             "workers build batches in parallel, one each at a time; prefetch absorbs jitter "
             "only; with 0 workers loading and the step alternate",
-            f"{cpus} CPUs shared equally by the workers and the training process, which keeps "
-            "one core busy while its step runs (kernel launches, then CUDA's spin-wait "
-            "synchronisation); no other load on the node",
+            f"{cpus} CPUs: the training process keeps one busy while its step runs (kernel "
+            "launches, then CUDA's spin-wait synchronisation), the workers share the rest; "
+            "taking a batch from a worker costs the training process no time; no other load "
+            "on the node",
             "pin-memory copy at 8 GB/s in one thread" if pin_memory else "no pinning",
         ])
 

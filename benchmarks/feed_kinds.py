@@ -1,0 +1,74 @@
+"""The feeding model against real DataLoaders on the kinds of data users train on
+(``tests/fixtures/data_kinds.py``): a simulated step that spins a core (a training process
+waiting on CUDA) and one that sleeps, at 0 … cores workers. Prints the table and writes
+benchmarks/results-feed.md.
+
+    python -m benchmarks.feed_kinds
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import PIL
+import torch
+
+from tests.fixtures.data_kinds import FEED_CASES
+from benchmarks.results import publish
+from memcalc.feed.check import CONSUMERS, feed_check
+from memcalc.host import LoaderSpec, detect_machine, measure_worker
+
+RESULTS = Path(__file__).with_name("results-feed.md")
+PROBE_SECONDS = 8
+BATCHES = 30
+LIMIT_POINTS = 10
+
+
+def main() -> None:
+    cpus = detect_machine().cpus
+    counts = list(range(cpus + 1))
+    lines = ["| kind | batch | step | worker sample | main build | receive | consumer | workers "
+             "| predicted | measured | difference | other load |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    misses, started = [], time.perf_counter()
+    for name, case in FEED_CASES.items():
+        sample = measure_worker(LoaderSpec(dataset=case.reference, probe_seconds=PROBE_SECONDS),
+                                case.batch_size)
+        for consumer in CONSUMERS:
+            check = feed_check(case.reference, case.batch_size, case.step_s, counts, cpus=cpus,
+                               batches=BATCHES, consumer=consumer,
+                               seconds_per_sample=sample.feeding_seconds_per_sample)
+            for row in check.rows:
+                points = 100 * (row.predicted_gpu_utilization - row.measured_gpu_utilization)
+                if abs(points) > LIMIT_POINTS:
+                    misses.append(f"{name} {consumer} {row.num_workers}")
+                lines.append(
+                    f"| {name} | {case.batch_size} | {case.step_s * 1e3:.0f} ms | "
+                    f"{sample.feeding_seconds_per_sample * 1e3:.2f} ms | "
+                    f"{check.main_build_s * 1e3:.1f} ms | {check.receive_s * 1e3:.1f} ms | {consumer} | "
+                    f"{row.num_workers} | {row.predicted_gpu_utilization:.0%} | "
+                    f"{row.measured_gpu_utilization:.0%} | {points:+.1f} | "
+                    f"{row.other_busy_cpus:.2f} |")
+    rows = len(lines) - 2
+    lines += ["", f"{rows - len(misses)} of {rows} rows within {LIMIT_POINTS} points"
+              + (f"; outside: {', '.join(misses)}" if misses else "") + ".",
+              "", "Worker sample: the probe's time per sample in one real worker with its waits "
+              "for a CPU taken out (`WorkerMeasurement.feeding_seconds_per_sample`), what the "
+              "predictions with workers are made from. Main build and receive: the main "
+              "process's own time to build a batch (what the 0-worker prediction uses) and to "
+              "take one a worker has ready (`memcalc.feed.check.main_process_costs`), each timed "
+              "alone before the runs. Measured: simulated step time × batches over the wall "
+              f"time of {BATCHES} batches after warm-up. Other load: cores other processes "
+              "kept busy meanwhile (the prediction shares the CPUs with them).",
+              "", f"Linux {platform.release()}, Python {platform.python_version()}, torch "
+              f"{torch.__version__}, numpy {np.__version__}, Pillow {PIL.__version__}; "
+              f"{cpus} CPUs ({platform.processor() or platform.machine()}); "
+              f"{time.perf_counter() - started:.0f} s in all."]
+    publish(RESULTS, "Feeding: predicted vs measured GPU-busy share by kind of data", lines)
+
+
+if __name__ == "__main__":
+    main()
