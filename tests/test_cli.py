@@ -232,8 +232,8 @@ def test_host_reports_the_seed_arithmetic_as_json():
         assert field in host
     assert host["measured"] is False and host["spec"]["machine"]["cpus"] == 64
     main_terms = {t["name"]: t["total_bytes"] for t in host["main_terms"]}
-    at_epoch_start = (sum(main_terms.values()) - main_terms["batch being trained on"]
-                      + host["num_workers"] * host["per_worker_bytes"])
+    # at the epoch start the main process holds a batch while every worker collates
+    at_epoch_start = sum(main_terms.values()) + host["num_workers"] * host["per_worker_bytes"]
     assert host["peak_bytes"] == host["epoch_start_bytes"] == at_epoch_start
 
 
