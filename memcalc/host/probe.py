@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 import multiprocessing
 import os
 import statistics
-import sys
 import threading
 import time
 from typing import Any
@@ -27,13 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from memcalc.errors import (
-    InputError,
-    UserCodeError,
-    at_user_frame,
-    dataloader_worker_failure,
-    first_line,
-)
+from memcalc.errors import InputError
+from memcalc.host.child_events import emit, run_child
 from memcalc.host.machine import cpu_wait_seconds
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
@@ -49,11 +42,6 @@ TIMING_SHARE = 0.25
 """The timing phase's time budget, as a share of --probe-seconds (at most 5 s)."""
 
 
-_EVENTS: list[Any] = [sys.stdout]
-
-
-def _emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), file=_EVENTS[0], flush=True)
 
 
 def _tensors(item: Any) -> list[torch.Tensor]:
@@ -172,7 +160,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     pid = os.getpid()
     before = process_memory(pid).pss_private_bytes
     dataset = load_dataset(config["dataset"])
-    _emit("started")
+    emit("started")
     main_bytes = process_memory(pid).pss_private_bytes
     dataset_bytes = max(0, main_bytes - before)
     first = dataset[0]
@@ -197,7 +185,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         series.append(watch.take_peak())
         main_bytes = max(main_bytes, process_memory(pid).pss_private_bytes
                          + _worker_share(shared_pid.value))
-        _emit("batch", index=index, worker_bytes=series[-1])
+        emit("batch", index=index, worker_bytes=series[-1])
         if _plateaued(series):
             stopped_by = "plateau"
             break
@@ -206,7 +194,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
             break
     watch.stop = True
     watch.thread.join()
-    _emit("timing", batches=TIMING_BATCHES)
+    emit("timing", batches=TIMING_BATCHES)
     timed, waits = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
                                    shared_pid.value)
     del batches, loader
@@ -230,27 +218,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    if len(sys.argv) > 2:
-        _EVENTS[0] = os.fdopen(int(sys.argv[2]), "w", buffering=1)
-        sys.stdout.flush()
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
-    try:
-        _emit("result", **probe(json.loads(sys.argv[1])))
-    except InputError as error:   # bad reference, or no tensor in the sample
-        _emit("input_error", message=str(error).splitlines()[0])
-        sys.exit(2)
-    except SystemExit as error:      # sys.exit in the Dataset's code (in this process)
-        _emit("error", message=f"your Dataset called sys.exit({error.code!r})"
-                               f"{at_user_frame(error)}")
-        sys.exit(3)
-    except UserCodeError as error:   # already names the user's file:line
-        _emit("error", message=first_line(error, limit=1000))
-        sys.exit(3)
-    except Exception as error:   # the user's Dataset can raise anything; report it in one line
-        _emit("error", message=dataloader_worker_failure(error)
-              or f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}")
-        sys.exit(3)
+    run_child(probe)
 
 
 if __name__ == "__main__":

@@ -19,22 +19,11 @@ import sys
 import time
 from typing import Any
 
-from memcalc.errors import (
-    InputError,
-    UserCodeError,
-    at_user_frame,
-    dataloader_worker_failure,
-    first_line,
-)
+from memcalc.host.child_events import emit, run_child
 
 FIRST_HOLD_S = 1.0
 """Least time the first batch is held, so the workers' queues fill behind it."""
 _PR_SET_PDEATHSIG = 1
-_EVENTS: list[Any] = [sys.stdout]
-
-
-def _emit(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), file=_EVENTS[0], flush=True)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -54,7 +43,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     from memcalc.model.user_code import load_dataset
 
     dataset = load_dataset(config["dataset"])
-    _emit("started")
+    emit("started")
     workers = config["num_workers"]
     options = ({"prefetch_factor": config["prefetch_factor"],
                 "multiprocessing_context": multiprocessing.get_context(config["start_method"]),
@@ -66,7 +55,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     deadline, stopped_by, taken = start + config["seconds"], "dataset end", 0
     for index, _trained_on in enumerate(loader):    # held while the step 'runs'
         taken = index + 1
-        _emit("batch", index=index)
+        emit("batch", index=index)
         if taken >= config["batches"]:
             stopped_by = "batches"
             break
@@ -82,29 +71,8 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    config = json.loads(sys.argv[1])
-    _die_with_parent(config["parent_pid"])
-    if len(sys.argv) > 2:
-        _EVENTS[0] = os.fdopen(int(sys.argv[2]), "w", buffering=1)
-        sys.stdout.flush()
-        os.dup2(2, 1)
-        sys.stdout = sys.stderr
-    try:
-        _emit("result", **run(config))
-    except InputError as error:   # a bad reference
-        _emit("input_error", message=str(error).splitlines()[0])
-        sys.exit(2)
-    except SystemExit as error:      # sys.exit in the Dataset's code (in this process)
-        _emit("error", message=f"your Dataset called sys.exit({error.code!r})"
-                               f"{at_user_frame(error)}")
-        sys.exit(3)
-    except UserCodeError as error:
-        _emit("error", message=first_line(error, limit=1000))
-        sys.exit(3)
-    except Exception as error:   # the user's Dataset can raise anything; report it in one line
-        _emit("error", message=dataloader_worker_failure(error)
-              or f"{type(error).__name__}: {first_line(error)}{at_user_frame(error)}")
-        sys.exit(3)
+    _die_with_parent(json.loads(sys.argv[1])["parent_pid"])
+    run_child(run)
 
 
 if __name__ == "__main__":
