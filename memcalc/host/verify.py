@@ -154,7 +154,8 @@ def _run(config: dict, group: MemoryCgroup | None, cap: int,
                                    cwd=os.getcwd(), **OWN_PROCESS_GROUP)
         os.close(write_fd)
         try:
-            _follow(read_fd, process, config, outcome, group, cap, shm_baseline, progress)
+            _follow(read_fd, process, config, outcome, group=group, cap=cap,
+                    shm_baseline=shm_baseline, progress=progress)
         finally:
             os.close(read_fd)
             kill_group(process)
@@ -165,7 +166,7 @@ def _run(config: dict, group: MemoryCgroup | None, cap: int,
     return outcome
 
 
-def _follow(read_fd: int, process: subprocess.Popen, config: dict, outcome: _Outcome,
+def _follow(read_fd: int, process: subprocess.Popen, config: dict, outcome: _Outcome, *,
             group: MemoryCgroup | None, cap: int, shm_baseline: int,
             progress: Progress | None) -> None:
     """Read the runner's events until its result, an error, its end, the time bound or (no
