@@ -51,17 +51,8 @@ def measure_worker(loader: LoaderSpec, batch_size: int, env: dict[str, str] | No
     config = {"dataset": loader.dataset, "batch_size": batch_size,
               "prefetch_factor": loader.prefetch_factor, "input_key": loader.input_key,
               "start_method": loader.start_method.value, "seconds": loader.probe_seconds}
-    read_fd, write_fd = os.pipe()
-    command = [sys.executable, "-m", "memcalc.host.probe", json.dumps(config), str(write_fd)]
-    environment = {**os.environ, **(env or {}), "PYTHONPATH": pythonpath()}
     with tempfile.TemporaryFile() as output:
-        # its own process group with its DataLoader workers, killed as a group; not its own
-        # session: with the kernel's autogroup scheduling a new session is scheduled as a
-        # group of its own and would get more CPU on a busy machine than the user's loader
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
-                                   stderr=output, pass_fds=(write_fd,), env=environment,
-                                   cwd=os.getcwd(), **OWN_PROCESS_GROUP)
-        os.close(write_fd)
+        process, read_fd = start_child("memcalc.host.probe", config, output, env)
         try:
             result = _read_events(read_fd, loader, progress, process.pid)
         finally:
@@ -184,6 +175,30 @@ def mapped_file_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def start_child(module: str, config: dict, output, env: dict[str, str] | None = None,
+                wrap: Callable[[list[str]], list[str]] | None = None
+                ) -> tuple[subprocess.Popen, int]:
+    """``python -m module CONFIG FD`` (``memcalc.host.child_events``): its stdout and stderr
+    into ``output``, its events on a pipe whose read end is returned. It runs in its own
+    process group with its DataLoader workers, to be killed as a group (``kill_group``); not
+    its own session: with the kernel's autogroup scheduling a new session is scheduled as a
+    group of its own and would get more CPU on a busy machine than the user's loader.
+    ``wrap`` rewrites the command (a memory cgroup's entry)."""
+    read_fd, write_fd = os.pipe()
+    command = [sys.executable, "-m", module, json.dumps(config), str(write_fd)]
+    environment = {**os.environ, **(env or {}), "PYTHONPATH": pythonpath()}
+    try:
+        process = subprocess.Popen(wrap(command) if wrap else command, stdin=subprocess.DEVNULL,
+                                   stdout=output, stderr=output, pass_fds=(write_fd,),
+                                   env=environment, cwd=os.getcwd(), **OWN_PROCESS_GROUP)
+    except BaseException:
+        os.close(read_fd)
+        raise
+    finally:
+        os.close(write_fd)
+    return process, read_fd
 
 
 def kill_group(process: subprocess.Popen) -> None:

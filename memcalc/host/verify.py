@@ -18,11 +18,9 @@ CUDA only to pin memory, so those terms are left out of the prediction it is com
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -34,12 +32,11 @@ from memcalc.errors import InputError
 from memcalc.host.cgroup import CgroupUnavailable, MemoryCgroup
 from memcalc.host.measure import (
     LATE_SECONDS,
-    OWN_PROCESS_GROUP,
     STARTUP_SECONDS,
     MeasurementError,
     kill_group,
     parse_event,
-    pythonpath,
+    start_child,
 )
 from memcalc.host.procmem import host_total_bytes, shm_used_bytes
 from memcalc.host.report import HostReport, VerifyReport
@@ -141,18 +138,11 @@ class _Outcome:
 def _run(config: dict, group: MemoryCgroup | None, cap: int,
          progress: Progress | None) -> _Outcome:
     """Start the runner (inside ``group`` when there is one) and follow it to its end."""
-    read_fd, write_fd = os.pipe()
-    command = [sys.executable, "-m", "memcalc.host.verify_run", json.dumps(config), str(write_fd)]
-    if group is not None:
-        command = group.wrap(command)
-    environment = {**os.environ, "PYTHONPATH": pythonpath()}
     outcome, start = _Outcome(), time.monotonic()
     shm_baseline = shm_used_bytes()
     with tempfile.TemporaryFile() as output:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output,
-                                   stderr=output, pass_fds=(write_fd,), env=environment,
-                                   cwd=os.getcwd(), **OWN_PROCESS_GROUP)
-        os.close(write_fd)
+        process, read_fd = start_child("memcalc.host.verify_run", config, output,
+                                       wrap=group.wrap if group is not None else None)
         try:
             _follow(read_fd, process, config, outcome, group=group, cap=cap,
                     shm_baseline=shm_baseline, progress=progress)
