@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 import memcalc.api
-import memcalc.pipeline
+import memcalc.prepared_step
 from memcalc.api import plan_spec
 from memcalc.strategies import ClusterSpec, Strategy
 from memcalc.strategies.report_cache import ReportCache, spec_key
@@ -44,7 +44,7 @@ def test_a_failure_is_not_kept():
 def traced(monkeypatch):
     """Every (spec, batch shape) the plan traces, and every spec it estimates."""
     record = {"traces": [], "estimates": []}
-    estimate, trace = memcalc.api.estimate_spec, memcalc.pipeline.trace_training_step
+    estimate, trace = memcalc.api.estimate_spec, memcalc.prepared_step.trace_training_step
 
     def counted_estimate(spec, *args, **kwargs):
         record["estimates"].append(spec_key(spec))
@@ -55,7 +55,7 @@ def traced(monkeypatch):
         return trace(setup)
 
     monkeypatch.setattr(memcalc.api, "estimate_spec", counted_estimate)
-    monkeypatch.setattr(memcalc.pipeline, "trace_training_step", counted_trace)
+    monkeypatch.setattr(memcalc.prepared_step, "trace_training_step", counted_trace)
     return record
 
 
