@@ -44,12 +44,15 @@ from memcalc.trace.tracer import StepSetup
 
 
 def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
-             layer_tables: dict[str, tuple] | None = None) -> Report:
+             layer_tables: dict[str, tuple] | None = None, card_fits: bool = True) -> Report:
     """Estimate the memory of one training step described by ``spec``; plan the batch size
     when a GPU or a memory size is given; estimate host RAM and DataLoader workers.
     With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it).
     ``layer_tables``: torchinfo's tables kept across the estimates of one plan, which share
-    them (see ``_layer_table``)."""
+    them (see ``_layer_table``). ``card_fits``: without a GPU or memory size, also find the
+    largest batch on the common cards (``memcalc.device.card_fit``: a second trace for the
+    line, and up to ``CONFIRM_TRACES`` more to confirm); False leaves ``device.card_fits``
+    empty."""
     if spec.machine is None:      # checked now, not after the trace, on the detected machine
         _workers_within_cpus(spec.loader, detect_machine())
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
@@ -61,7 +64,7 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
     device = prepared.device_report(batch_size)
     if plan is not None:
         device = device.model_copy(update={"plan": plan})
-    elif spec.device is DeviceKind.CUDA and device.method == "traced":
+    elif card_fits and spec.device is DeviceKind.CUDA and device.method == "traced":
         device = device.model_copy(update={"card_fits": _card_fits(prepared)})
     static = prepared.static_at(batch_size)
     host, throughput = host_and_throughput(HostInputs(

@@ -39,7 +39,7 @@ def test_builds_on_meta_without_allocating(name):
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_estimates_on_default_shape(name):
-    report = estimate(TrainingSpec(model=name))
+    report = estimate(TrainingSpec(model=name), card_fits=False)   # the step itself
     device = report.device
     assert device.method == "traced"
     assert tuple(report.input.traced_batch_shape[1:]) == ZOO[name].default_shape
@@ -61,7 +61,7 @@ def test_estimates_on_default_shape(name):
 
 
 def test_llama_7b_fp32_adam_model_states_are_16_bytes_per_parameter():
-    report = estimate(TrainingSpec(model="llama_7b", sample_shape=(128,)))
+    report = estimate(TrainingSpec(model="llama_7b", sample_shape=(128,)), card_fits=False)
     params = PUBLISHED_PARAMETER_COUNTS["llama_7b"]
     states = report.static
     assert states.parameter_bytes + states.gradient_bytes + states.optimizer_state_bytes == 16 * params

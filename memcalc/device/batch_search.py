@@ -9,7 +9,7 @@ traced batch fits and the next one does not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from memcalc.device.report import BatchPlan, DeviceReport, PlanPoint
 
@@ -20,13 +20,16 @@ MAX_BATCH = 1 << 24
 
 
 def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
-               max_steps: int = MAX_TRACES) -> tuple[BatchPlan, dict[int, DeviceReport]]:
+               max_steps: int = MAX_TRACES, known: Iterable[int] = ()
+               ) -> tuple[BatchPlan, dict[int, DeviceReport]]:
     """Find the largest batch that fits, and return every report made on the way.
 
     A batch fits when its report says so (the allocator replayed with the usable bytes as
     its limit), else when its total is within ``usable_bytes``. Totals steer the search,
     which takes at most ``max_steps`` batches beyond the first two (then the plan is the
-    largest batch known to fit, not ``confirmed``)."""
+    largest batch known to fit, not ``confirmed``). ``known``: batches whose reports cost
+    nothing (traced already, for another card), measured first so the search starts from
+    the bracket they give."""
     reports: dict[int, DeviceReport] = {}
     totals: dict[int, int] = {}
     fitting: dict[int, bool] = {}
@@ -39,8 +42,8 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
         return totals[batch]
 
     small, large = FIT_BATCHES
-    measure(large)
-    measure(small)
+    for batch in (large, small, *sorted(set(known) - {small, large})):
+        measure(batch)
     if not fitting[small]:
         return _plan(usable_bytes, (small, large), 0, True, reports, fitting), reports
     best = _search(measure, totals, fitting, usable_bytes, max_steps)

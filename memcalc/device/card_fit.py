@@ -25,8 +25,10 @@ NEAR_FRACTION = 0.02
 """The line's answer is confirmed by tracing where an error this large would change it."""
 CONFIRM_MAX_BATCH = 1024
 """Above this batch one sample more or less is not worth a trace: the line's answer stands."""
-CONFIRM_TRACES = 12
-"""New batches traced for confirmation, all cards together, beyond the line's two."""
+CONFIRM_TRACES = 6
+"""New batches traced for confirmation, all cards together, beyond the line's two (each
+costs as much as the step's own trace; a card's search starts from every batch traced for
+the cards before it)."""
 
 
 ReportAt = Callable[[str, int], DeviceReport]
@@ -72,7 +74,7 @@ def card_fits(report_at: ReportAt, usable_bytes: dict[str, int], memory_bytes: d
             fits.append(fit(*_from_line(first.total_bytes, second.total_bytes, usable), False))
             continue
         try:
-            plan = plan_batch(within_budget(card), usable)[0]
+            plan = plan_batch(within_budget(card), usable, known=traced())[0]
         except _OutOfBudget:
             fits.append(fit(*_between_traced(
                 {batch: report_at(card, batch) for batch in traced()}, usable), False))
