@@ -25,7 +25,7 @@ NEAR_FRACTION = 0.02
 """The line's answer is confirmed by tracing where an error this large would change it."""
 CONFIRM_MAX_BATCH = 1024
 """Above this batch one sample more or less is not worth a trace: the line's answer stands."""
-CONFIRM_TRACES = 6
+CONFIRM_TRACES = 12
 """New batches traced for confirmation, all cards together, beyond the line's two (each
 costs as much as the step's own trace; a card's search starts from every batch traced for
 the cards before it)."""
