@@ -207,7 +207,7 @@ class StorageWatcher(TorchDispatchMode):
         self.op_names.add(name)
 
         def watch_outputs(value) -> None:
-            for tensor in tree_flatten(value)[0]:
+            for tensor in _op_values((value,)):
                 if isinstance(tensor, torch.Tensor):
                     _refuse_real_allocation(func, tensor)
                     self.watch(tensor)
@@ -231,11 +231,22 @@ def _is_real(value) -> bool:
             and value.device.type != "meta")
 
 
+def _op_values(values) -> Iterator:
+    """An ATen op's arguments or outputs, lists and tuples opened one level: its schema types
+    (``Tensor``, ``Tensor[]``, ``Tensor?[]``, scalars) nest no deeper. Cheaper than pytree's
+    ``tree_flatten``, which this runs instead of on every op of every trace."""
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            yield from value
+        else:
+            yield value
+
+
 def _refuse_real_inputs(func, args, kwargs) -> None:
     """A real tensor over the limit reaching the trace (made from a numpy buffer, or held in
     a plain attribute) is memory the trace would not count: refused by name."""
-    for value in tree_flatten((args, kwargs))[0]:
-        if _is_real(value) and value.untyped_storage().nbytes() > REAL_ALLOCATION_LIMIT_BYTES:
+    for value in _op_values((*args, *(kwargs or {}).values())):
+        if type(value) is not FakeTensor and _is_real(value) and value.untyped_storage().nbytes() > REAL_ALLOCATION_LIMIT_BYTES:
             raise RealAllocationError(
                 f"{func} received a real {value.untyped_storage().nbytes():,}-byte tensor "
                 f"{tuple(value.shape)} made outside the trace (a numpy buffer or a plain "
