@@ -69,11 +69,12 @@ class PreparedStep:
     def _should_trace(self, batch_size: int) -> bool:
         """A model that failed at some batch is not traced again at that batch or below (a
         model that needs a larger batch, e.g. BatchNorm over a 1×1 map at batch 1, still
-        traces above it), nor at all when it has never traced."""
+        traces above it), nor at all once it has failed twice without ever tracing."""
         if not self.trace_errors:
             return True
         traced_before = any(report.method == "traced" for report in self.reports.values())
-        return traced_before and all(batch_size > failed for failed in self.trace_errors)
+        return ((traced_before or len(self.trace_errors) == 1)
+                and all(batch_size > failed for failed in self.trace_errors))
 
     def card_report(self, card: str, batch_size: int) -> DeviceReport:
         """The step at ``batch_size`` on ``card`` (a catalog name), planned for its memory:

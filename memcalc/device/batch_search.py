@@ -42,7 +42,9 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
         return totals[batch]
 
     small, large = FIT_BATCHES
-    for batch in (large, small, *sorted(set(known) - {small, large})):
+    measure(small)
+    second = small + 1 if fitting[small] and _few_fit(reports[small], usable_bytes) else large
+    for batch in (second, *sorted(set(known) - {small, second})):
         measure(batch)
     if not fitting[small]:
         return _plan(usable_bytes, (small, large), 0, True, reports, fitting), reports
@@ -53,6 +55,18 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
     # range best.
     return _plan(usable_bytes, _fit_batches(reports, best), best, confirmed, reports,
                  fitting), reports
+
+
+def _few_fit(report: DeviceReport, usable_bytes: int) -> bool:
+    """Batch 1's bytes that grow with the batch (activations, inputs, temporaries) say that
+    batch ``FIT_BATCHES[1]`` would not fit: the search walks up from batch 2 instead of
+    tracing a batch that only brackets from far above (its line would be through batches 1
+    and the planned one in any case)."""
+    breakdown = getattr(report, "breakdown", None)
+    if breakdown is None:
+        return False
+    growing = breakdown.activations + breakdown.input_batch + breakdown.temporaries
+    return report.total_bytes + (FIT_BATCHES[1] - 1) * growing > usable_bytes
 
 
 UNTRAINABLE = "cannot train"
@@ -66,7 +80,7 @@ def _fit_batches(reports: dict[int, DeviceReport], best: int) -> tuple[int, int]
     small, large = FIT_BATCHES
     traced = sorted(batch for batch, report in reports.items() if report.method == "traced")
     low = traced[0] if traced else small
-    high = max(large, best)
+    high = max(large, best) if max(large, best) in reports else max(reports)
     if high <= low:
         above = [batch for batch in traced if batch > low]
         return (low, above[0]) if above else (small, large)
