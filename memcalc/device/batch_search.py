@@ -4,7 +4,8 @@ Pure search over a function ``report_at(batch) -> DeviceReport`` (one traced ste
 its ``fits`` decides, its total steers). Two traces fit
 ``total(b) = model_bytes + b * per_sample_bytes``; the solved batch is then confirmed by
 tracing it and the next one up, and the search walks (secant steps, then bisection) until a
-traced batch fits and the next one does not.
+traced batch fits and the next one does not; above ``RELATIVE_RESOLUTION`` samples, until the
+two are within a hundredth of the batch (the plan is then not ``confirmed``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ FIT_BATCHES = (1, 8)
 MAX_TRACES = 20
 GROWTH = 8   # batch multiplier while the totals are still flat (no ceiling found yet)
 MAX_BATCH = 1 << 24
+RELATIVE_RESOLUTION = 100
+"""Above this batch the search stops once the largest batch is known to 1/this of itself
+(a batch that fits and one that does not, that close): one sample more or less is then
+not worth a trace. Below it the answer is exact (confirmed by the next batch up)."""
 
 
 def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
@@ -108,7 +113,7 @@ def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict
         ceiling = min(over) if over else None
         best = max(batch for batch in totals if fitting[batch]
                    and (ceiling is None or batch < ceiling))
-        if ceiling == best + 1 or best >= MAX_BATCH:
+        if ceiling is not None and ceiling - best <= _resolution(best) or best >= MAX_BATCH:
             return best
         bisect = len(sides) >= 2 and sides[-1] == sides[-2]
         candidate = _next_candidate(totals, best, ceiling, usable_bytes, bisect)
@@ -116,6 +121,10 @@ def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict
         sides.append(fitting[candidate])
     over = [batch for batch in totals if not fitting[batch]]
     return max(batch for batch in totals if fitting[batch] and (not over or batch < min(over)))
+
+
+def _resolution(batch: int) -> int:
+    return max(1, batch // RELATIVE_RESOLUTION)
 
 
 def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
@@ -134,7 +143,10 @@ def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
         return (fitting + ceiling) // 2
     slope = (totals[ceiling] - totals[fitting]) / (ceiling - fitting)
     guess = fitting + int((usable_bytes - totals[fitting]) // slope) if slope > 0 else fitting + 1
-    return max(fitting + 1, min(guess, ceiling - 1))
+    # near the card's capacity the replayed totals flatten (the allocator frees its cache
+    # and retries), so secant steps crawl: each step takes at least an eighth of the bracket
+    margin = max(1, (ceiling - fitting) // 8)
+    return max(fitting + margin, min(guess, ceiling - margin))
 
 
 def _plan(usable_bytes: int, fit_batches: tuple[int, int], best: int, confirmed: bool,
