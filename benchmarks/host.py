@@ -22,6 +22,9 @@ from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 
 RESULTS = Path(__file__).with_name("results-host.md")
 WORKER_COUNTS = (0, 1, 2)
+TRUTH_RUNS = 3
+"""Runs of each real DataLoader; its truth is the run with the median cgroup peak (a single
+run's peak moved by up to 30 MiB between runs, a tenth of one worker's cost)."""
 MACHINE = MachineSpec(cpus=2, ram_bytes=24 << 30)
 MIB = 2**20
 
@@ -69,7 +72,7 @@ def main() -> None:
             shape_based = host_estimate(spec)
             measured = host_estimate(spec.model_copy(update={"loader": spec.loader.model_copy(
                 update={"dataset": reference})}), measurement)
-            truth = truths[workers] = host_truth(name, workers)
+            truth = truths[workers] = _median_truth(name, workers)
             reports[workers] = (shape_based, measured)
             charged = truth.cgroup_bytes or truth.pss_bytes
             lines.append(f"| {name} | {workers} | {_mib(truth.cgroup_bytes)} | "
@@ -91,10 +94,17 @@ def main() -> None:
     lines += ["", f"Linux {platform.release()}, Python {platform.python_version()}, torch "
               f"{torch.__version__}, glibc {platform.libc_ver()[1]}; 2 CPUs. Truth: "
               f"tests/fixtures/host_truth.py, a real DataLoader in a fresh {truths[0].cgroup} "
-              "(its peak: anonymous memory, shared memory, page cache it read first); errors "
+              "(its peak: anonymous memory, shared memory, page cache it read first), the "
+              f"median of {TRUTH_RUNS} runs; errors "
               "are against it. Beside it, the same run's peak of private PSS of main + workers "
               "plus /dev/shm in use, sampled every 2 ms."]
     publish(RESULTS, "Host RAM: memcalc vs real DataLoaders", lines)
+
+
+def _median_truth(name: str, workers: int):
+    runs = sorted((host_truth(name, workers) for _ in range(TRUTH_RUNS)),
+                  key=lambda truth: truth.cgroup_bytes or truth.pss_bytes)
+    return runs[len(runs) // 2]
 
 
 def _mib(nbytes: int | None) -> str:

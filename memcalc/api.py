@@ -101,7 +101,9 @@ def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None,
     """The strategy planner's estimator for one plan: the pipeline's reports, each spec's
     made once (``ReportCache``; torchinfo's tables shared across the variants) and, with a
     ``pool`` of workers, independent ones made at once; FLOPs; the model on the meta device."""
-    report = partial(estimate_spec, layer_tables={})
+    # the planner reads each spec's own step (a crop's is traced without a GPU named): no
+    # common-card search
+    report = partial(estimate_spec, layer_tables={}, card_fits=False)
     if on_variant is not None:
         report = partial(_announced, report, on_variant)
     cache = ReportCache(report)

@@ -254,4 +254,4 @@ _WORKER_TABLES: dict[str, tuple] = {}
 
 def _worker_report(spec: TrainingSpec) -> Report:
     from memcalc.pipeline import estimate
-    return estimate(spec, layer_tables=_WORKER_TABLES)
+    return estimate(spec, layer_tables=_WORKER_TABLES, card_fits=False)   # as the planner's own
