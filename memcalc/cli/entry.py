@@ -33,7 +33,8 @@ def run() -> None:
         # still ended by SIGINT itself (status -2, not 130) in about one run in three, and
         # in one in ten with SIGINT ignored first; exiting here, in none of 44.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        _exit_now(INTERRUPTED_EXIT_CODE)
+        gc.collect()    # the ended worker pool's semaphores unlinked, or the resource tracker
+        _exit_now(INTERRUPTED_EXIT_CODE)   # would report them as leaked
     stray = _running_threads()
     if stray:
         gc.collect()            # an unreferenced executor wakes its manager thread to end
