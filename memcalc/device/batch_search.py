@@ -85,7 +85,9 @@ def _fit_batches(reports: dict[int, DeviceReport], best: int) -> tuple[int, int]
     small, large = FIT_BATCHES
     traced = sorted(batch for batch, report in reports.items() if report.method == "traced")
     low = traced[0] if traced else small
-    high = max(large, best) if max(large, best) in reports else max(reports)
+    high = max(large, best)
+    if high not in reports:     # batch 8 skipped: the walk up from 2 gave the line
+        high = max(reports)
     if high <= low:
         above = [batch for batch in traced if batch > low]
         return (low, above[0]) if above else (small, large)

@@ -246,7 +246,7 @@ def _refuse_real_inputs(func, args, kwargs) -> None:
     """A real tensor over the limit reaching the trace (made from a numpy buffer, or held in
     a plain attribute) is memory the trace would not count: refused by name."""
     for value in _op_values((*args, *(kwargs or {}).values())):
-        if type(value) is not FakeTensor and _is_real(value) and value.untyped_storage().nbytes() > REAL_ALLOCATION_LIMIT_BYTES:
+        if _is_real(value) and value.untyped_storage().nbytes() > REAL_ALLOCATION_LIMIT_BYTES:
             raise RealAllocationError(
                 f"{func} received a real {value.untyped_storage().nbytes():,}-byte tensor "
                 f"{tuple(value.shape)} made outside the trace (a numpy buffer or a plain "
