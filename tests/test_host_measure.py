@@ -105,7 +105,8 @@ def test_glibc_heap_growth_is_found_and_the_fix_is_measured():
                                       probe_seconds=300))
     report = measured_host_estimate(spec)
     assert report.measurement.sample_shape == SMALL_SHAPE
-    assert report.fix is not None and report.fix.env == {"MALLOC_MMAP_THRESHOLD_": "1048576"}
+    assert report.fix is not None, report.measurement
+    assert report.fix.env == {"MALLOC_MMAP_THRESHOLD_": "1048576"}
     # 16 MiB samples retained in the heap: the worker ends far above 1 batch of samples
     assert report.measurement.worker_peak_bytes > 4 * report.fix.measurement.worker_peak_bytes
     assert report.fix.per_worker_bytes < report.per_worker_bytes
