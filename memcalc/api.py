@@ -83,6 +83,7 @@ def plan_spec(spec: TrainingSpec, cluster: ClusterSpec,
     nothing else keeps busy, ``memcalc.report_pool.workers_for``; 0: this process only),
     none for user code (``serial_reason``). The plan is the same either way."""
     with ReportPool(workers_for(spec, workers)) as pool:
+        pool.start()    # the workers start up while this process traces the job as given
         return plan_strategies(spec, cluster, pipeline_estimator(on_variant, pool))
 
 
@@ -106,12 +107,13 @@ def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None,
     report = partial(estimate_spec, layer_tables={}, card_fits=False)
     if on_variant is not None:
         report = partial(_announced, report, on_variant)
-    cache = ReportCache(report)
+    workers = pool is not None and pool.workers > 0
+    cache = ReportCache(report, ahead=pool.take if workers else None)
     estimator = VariantEstimator(report=cache.report, flops=training_step_flops,
                                  model=_meta_model)
-    if pool is None or pool.workers == 0:
+    if not workers:
         return estimator
-    return replace(estimator, prefetch=partial(pool.fill, cache, report, on_variant),
+    return replace(estimator, prefetch=partial(pool.ahead, cache, on_variant),
                    width=pool.width)
 
 

@@ -1,17 +1,19 @@
 """Reports of independent specs made at once: in worker processes and in the caller.
 
 A plan asks for variants of one job that do not depend on each other ahead of time
-(``VariantEstimator.prefetch``). With more than one core, ``ReportPool`` makes them in
-``cores - 1`` worker processes while the calling process makes them too, from the other end
-of the list; what it makes goes into the plan's ``ReportCache``, where the planner, asking
-in its usual order, finds it. A worker is only given work once it has started, so a slow
-start (a loaded machine) costs the caller nothing but the start itself.
+(``VariantEstimator.prefetch``): the first it makes itself next; ``ReportPool.ahead`` hands
+the rest to ``cores - 1`` worker processes, one each, the others as workers come free. The
+plan's ``ReportCache`` asks the pool (``take``) before it makes a report: one a worker makes
+is waited for, one not handed out yet is made by the caller and no longer handed out. So the
+caller never waits for work it will not ask for (a slab the spatial search then skips), and
+a worker is only given work once it has started: a slow start (a loaded machine) costs the
+caller nothing but the start itself.
 
 Workers are spawned (fresh interpreters: safe with torch imported and its threads running)
 and ignore SIGINT; the caller ends them on every way out of the ``with`` block (done, an
-error, Ctrl-C, SIGTERM, a deadline), killing what still runs. Whatever fails in a worker, or
-in the caller while working ahead, is dropped: the planner makes that report again when it
-asks for it, so errors are those of a serial plan, raised the same way.
+error, Ctrl-C, SIGTERM, a deadline), killing what still runs. Whatever fails in a worker is
+dropped: the planner makes that report again when it asks for it, so errors are those of a
+serial plan, raised the same way.
 
 Known limitations: the default worker count reads the load of a short moment; a worker
 needs seconds (the interpreter, torch, the first trace's lazy
@@ -32,12 +34,13 @@ import signal
 import sys
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 from memcalc.host.machine import busy_cpus
 from memcalc.isolation import lacks_main_guard
+from memcalc.strategies.report_cache import spec_key
 from models_zoo import ZOO
 
 if TYPE_CHECKING:
@@ -104,6 +107,11 @@ class ReportPool:
         self._executor: ProcessPoolExecutor | None = None
         self._started: Future | None = None
         self._broken = False
+        self._cache: ReportCache | None = None
+        self._announce: Announce | None = None
+        self._sure = True
+        self._wanted: deque[TrainingSpec] = deque()
+        self._pending: dict[str, Future] = {}
         self.made_in_workers = 0
         """Reports the workers made (the rest were made in this process)."""
 
@@ -118,45 +126,56 @@ class ReportPool:
     def __exit__(self, *exc_info) -> None:
         self.close()
 
-    def fill(self, cache: ReportCache, local: Callable[[TrainingSpec], Report],
-             announce: Announce | None, specs: list[TrainingSpec]) -> None:
-        """Make the reports ``cache`` lacks among ``specs`` (``local`` in this process) and
-        add them; a report that failed is left out."""
-        missing = cache.missing(specs)
-        if self.workers == 0 or len(missing) < 2:
-            return      # one report ahead gains nothing: the planner makes it when it asks
-        for index, report in self._make(missing, local, announce).items():
-            cache.add(missing[index], report)
+    def ahead(self, cache: ReportCache, announce: Announce | None,
+              specs: list[TrainingSpec], sure: bool = True) -> None:
+        """The planner will ask ``cache`` for ``specs`` in this order (every one when
+        ``sure``, else it may skip all but the first): the first it makes itself next; the
+        rest go to the workers, as many as are free now, the others as workers come free
+        (whenever the planner asks for a report). Replaces what was wanted before; reports
+        already being made are kept."""
+        self._cache, self._announce, self._sure = cache, announce, sure
+        self._wanted = deque(cache.missing(specs)[1:])
+        if self._executor is None and self.workers:
+            self._start()
+        self._feed()
 
-    def _make(self, specs: list[TrainingSpec], local: Callable[[TrainingSpec], Report],
-              announce: Announce | None) -> dict[int, Report]:
-        executor = self._executor or self._start()
-        queue, running, made = deque(range(len(specs))), {}, {}
-        while queue or running:
-            self._collect(running, made, wait_for_one=not queue)
-            if queue and self._accepting() and len(running) < self.workers:
-                index = queue.popleft()
-                if announce is not None:
-                    announce(specs[index])
-                running[_submit(executor, _worker_report, specs[index])] = index
-            elif queue:
-                index = queue.pop()
-                with contextlib.suppress(Exception):    # made again, and raised, when asked
-                    made[index] = local(specs[index])
-        return made
-
-    def _collect(self, running: dict[Future, int], made: dict[int, Report],
-                 wait_for_one: bool) -> None:
-        if not running:
-            return
-        done, _ = wait(list(running), timeout=None if wait_for_one else 0,
-                       return_when=FIRST_COMPLETED)
-        for future in done:
-            index, error = running.pop(future), future.exception()
-            if error is None:
-                made[index] = future.result()
-                self.made_in_workers += 1
+    def take(self, spec: TrainingSpec) -> Report | None:
+        """``spec``'s report when a worker makes it, else None: this process makes it, and it
+        is no longer handed out. While the worker is still at it, this process makes the
+        next wanted specs itself, into the cache, when they are sure to be asked for. A
+        worker's failure is None too: the report is then made here, and fails as it would
+        in a serial plan."""
+        key = spec_key(spec)
+        self._wanted = deque(s for s in self._wanted if spec_key(s) != key)
+        future = self._pending.get(key)
+        self._feed()        # keep the workers busy while this process makes it
+        if future is None:
+            return None
+        while not future.done() and self._wanted and self._sure and self._cache is not None:
+            with contextlib.suppress(Exception):    # made again, and raised, when asked
+                self._cache.report(self._wanted[0])
+        del self._pending[key]
+        try:
+            report = future.result()
+        except Exception as error:  # noqa: BLE001 (made again here, where it raises)
             self._broken = self._broken or isinstance(error, BrokenProcessPool)
+            return None
+        self.made_in_workers += 1
+        self._feed()
+        return report
+
+    def _feed(self) -> None:
+        """Hand wanted specs to free workers (none while they still start)."""
+        busy = sum(not future.done() for future in self._pending.values())
+        while self._wanted and busy < self.workers and self._accepting():
+            spec = self._wanted.popleft()
+            key = spec_key(spec)
+            if key in self._pending or not self._cache.missing([spec]):
+                continue
+            if self._announce is not None:
+                self._announce(spec)
+            self._pending[key] = _submit(self._executor, _worker_report, spec)
+            busy += 1
 
     def _accepting(self) -> bool:
         started = self._started
@@ -242,10 +261,21 @@ def _submit(executor: ProcessPoolExecutor, call: Callable, *args) -> Future:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
+WARM_UP = {"model": "resnet3d", "model_args": {"depth": 10, "in_channels": 1, "num_classes": 2},
+           "sample_shape": (8, 8, 8, 1), "batch_size": 1}
+"""A tiny zoo step a worker traces as it starts: the imports and first-call work of a trace
+(fake tensors, torchinfo's table, FLOP counting) are then done before its first report,
+which took twice the caller's time for the same report without it."""
+
+
 def _worker_start() -> None:
-    """In each worker: Ctrl-C is the caller's to handle; the pipeline imported up front."""
+    """In each worker: Ctrl-C is the caller's to handle; the pipeline imported and run once
+    up front (``WARM_UP``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    importlib.import_module("memcalc.pipeline")
+    pipeline = importlib.import_module("memcalc.pipeline")
+    specs = importlib.import_module("memcalc.specs")
+    with contextlib.suppress(Exception):    # only a warm-up: the real reports say what fails
+        pipeline.estimate(specs.TrainingSpec(**WARM_UP), layer_tables={}, card_fits=False)
 
 
 _WORKER_TABLES: dict[str, tuple] = {}

@@ -13,16 +13,18 @@ from memcalc.strategies.report_cache import ReportCache, spec_key
 from tests.fixtures.planner_cases import halo_net_spec
 
 SPEC = halo_net_spec(0.3)   # one sample does not fit one GPU: spatial slabs are traced too
+FITTING = halo_net_spec(3.0)    # a few samples fit
 
 
 def test_a_spec_is_made_once_and_missing_lists_each_unmade_spec_once():
     made = []
-    cache = ReportCache(lambda spec: made.append(spec) or f"report of {spec.precision.value}")
     fp32, bf16 = SPEC, SPEC.with_changes(precision="bf16-mixed")
+    elsewhere = {spec_key(bf16): "made elsewhere"}
+    cache = ReportCache(lambda spec: made.append(spec) or f"report of {spec.precision.value}",
+                        ahead=lambda spec: elsewhere.get(spec_key(spec)))
     assert cache.report(fp32) == cache.report(SPEC.with_changes()) == "report of fp32"
     assert made == [fp32]
     assert cache.missing([bf16, fp32, bf16]) == [bf16]
-    cache.add(bf16, "made elsewhere")
     assert cache.report(bf16) == "made elsewhere" and len(made) == 1 and len(cache) == 2
 
 
@@ -67,12 +69,24 @@ def test_a_plan_traces_no_spec_at_a_batch_twice(traced):
 
 
 def test_the_accumulation_variant_of_a_job_that_keeps_its_gradients_is_the_job(traced):
-    kept = SPEC.with_changes(zero_grad_to_none=False)
+    kept = FITTING.with_changes(zero_grad_to_none=False)
     plan = plan_spec(kept, ClusterSpec(), workers=0)
     rows = {c.label: c for c in plan.candidates}
     baseline, accumulation = rows["baseline"], rows["accumulation"]
+    assert baseline.fits
     assert accumulation.per_gpu_peak_bytes == baseline.per_gpu_peak_bytes
     # the job's own spec is estimated once, though two rules ask for it
     assert traced["estimates"].count(spec_key(kept)) == 1
     freed = SPEC.with_changes(zero_grad_to_none=True)
     assert spec_key(freed.with_changes(zero_grad_to_none=False)) != spec_key(freed)
+
+
+def test_accumulation_is_not_traced_when_one_sample_of_the_job_does_not_fit(traced):
+    plan = plan_spec(SPEC, ClusterSpec(), workers=0)
+    kept = spec_key(SPEC.with_changes(zero_grad_to_none=False, batch_size=None))
+    assert kept not in traced["estimates"]
+    assert "accumulation" not in {c.label for c in plan.candidates}
+    baseline = next(c for c in plan.candidates if c.label == "baseline")
+    assert not baseline.fits
+    note = next(a for a in plan.assumptions if a.startswith("accumulation not traced"))
+    assert "one sample of the job as given needs" in note

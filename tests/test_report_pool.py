@@ -73,26 +73,41 @@ def test_a_plan_made_with_workers_is_the_serial_plan():
 def test_reports_from_a_worker_are_those_made_here():
     specs = variants()
     made_here = []
-    cache = ReportCache(estimate)
     with ReportPool(1) as pool:
+        cache = ReportCache(lambda s: made_here.append(s) or estimate(s), ahead=pool.take)
         assert pool.start(START_S)
-        pool.fill(cache, lambda s: made_here.append(s) or estimate(s), None, specs)
+        pool.ahead(cache, None, specs)
+        reports = [cache.report(spec) for spec in specs]
         assert pool.made_in_workers == len(specs) - len(made_here) > 0
-    for spec in specs:
-        assert cache.report(spec).model_dump_json() == estimate(spec).model_dump_json()
+    assert made_here[0] == specs[0]      # the first is the caller's: it asks for it next
+    for spec, report in zip(specs, reports):
+        assert report.model_dump_json() == estimate(spec).model_dump_json()
+
+
+def test_the_caller_never_waits_for_reports_it_may_not_ask_for():
+    specs = variants()
+    made_here = []
+    with ReportPool(1) as pool:
+        cache = ReportCache(lambda s: made_here.append(s) or estimate(s), ahead=pool.take)
+        assert pool.start(START_S)
+        pool.ahead(cache, None, specs, sure=False)
+        cache.report(specs[1])     # handed to the worker: waited for, nothing made meanwhile
+        assert made_here == [] and pool.made_in_workers == 1
+        cache.report(specs[0])
+        assert made_here == [specs[0]]
 
 
 def test_a_failure_in_a_worker_is_raised_when_asked_as_in_a_serial_plan():
     bad = [TINY.with_changes(model_args={"depth": depth}) for depth in (7, 9)]
     with pytest.raises(ModelSourceError) as serial:
-        estimate(bad[0])
-    cache = ReportCache(estimate)
+        estimate(bad[1])
     with ReportPool(1) as pool:
+        cache = ReportCache(estimate, ahead=pool.take)
         assert pool.start(START_S)
-        pool.fill(cache, estimate, None, bad)
-    assert cache.missing(bad) == bad
-    with pytest.raises(ModelSourceError) as planned:
-        cache.report(bad[0])
+        pool.ahead(cache, None, bad)        # the second is the worker's
+        with pytest.raises(ModelSourceError) as planned:
+            cache.report(bad[1])
+    assert pool.made_in_workers == 0 and cache.missing(bad) == bad
     assert str(planned.value) == str(serial.value) and "depth must be one of" in str(serial.value)
 
 
@@ -104,7 +119,9 @@ def test_no_worker_outlives_an_interrupt():
     with pytest.raises(KeyboardInterrupt), ReportPool(1) as pool:
         assert pool.start(START_S)
         pids = worker_pids()
-        pool.fill(ReportCache(estimate), interrupted, None, specs)
+        cache = ReportCache(interrupted, ahead=pool.take)
+        pool.ahead(cache, None, specs)
+        cache.report(specs[0])
     assert pids and not alive(pids)
 
 

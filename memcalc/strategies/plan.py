@@ -50,7 +50,7 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
                          "(see `memcalc gpus`)")
     gpu = find_gpu(spec.gpu)
     model = estimator.model(spec)
-    variants = traced_variants(spec, _variant_context(spec, gpu, model), estimator)
+    variants, not_traced = traced_variants(spec, _variant_context(spec, gpu, model), estimator)
     baseline = next(v for v in variants if v.rule.as_given)
     candidates = [single_gpu_candidate(v, cluster, gpu) for v in variants]
     leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
@@ -72,20 +72,38 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
                                                    not_splittable) + _skipped(skipped),
         torchrun=torchrun_command(chosen, cluster) if chosen else None,
         slurm=slurm_header(chosen, cluster, host) if chosen else None,
-        assumptions=_assumptions(cluster, model, not_splittable) + failures + skipped,
+        assumptions=(_assumptions(cluster, model, not_splittable) + not_traced + failures
+                     + skipped),
         largest_sample_shape=crop,
         largest_sample_strategy=leanest.label if crop else None,
     )
 
 
-def traced_variants(spec: TrainingSpec, context: VariantContext,
-                    estimator: VariantEstimator) -> list[TracedVariant]:
-    """Every traced rule that applies to ``spec``, traced, in registration order (all of them
-    asked for ahead at once)."""
+def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: VariantEstimator
+                    ) -> tuple[list[TracedVariant], list[str]]:
+    """Every traced rule that applies to ``spec``, traced, in registration order, and why a
+    rule was not traced. The job as given is traced first: a rule that only adds to it is
+    left out when one sample of the job does not fit; the rest are asked for ahead at once."""
     applying = [(rule, rule.variant(spec, context)) for rule in traced_rules()]
     applying = [(rule, variant_spec) for rule, variant_spec in applying if variant_spec]
-    estimator.prefetch([planned_spec(variant_spec) for _, variant_spec in applying])
-    return [traced_variant(rule, variant_spec, estimator) for rule, variant_spec in applying]
+    given = next(traced_variant(rule, variant_spec, estimator)
+                 for rule, variant_spec in applying if rule.as_given)
+    plan = given.report.device.plan
+    if plan.max_batch_size == 0:
+        left_out = [rule for rule, _ in applying if rule.adds_to_the_job]
+        applying = [(rule, variant_spec) for rule, variant_spec in applying
+                    if not rule.adds_to_the_job]
+    else:
+        left_out = []
+    estimator.prefetch([planned_spec(variant_spec) for rule, variant_spec in applying
+                        if not rule.as_given])
+    variants = [given if rule.as_given else traced_variant(rule, variant_spec, estimator)
+                for rule, variant_spec in applying]
+    needs, usable = given.report.device.total_bytes, plan.usable_bytes
+    notes = [f"{rule.strategy.value} not traced: one sample of the job as given needs "
+             f"{format_bytes(needs)} ({format_bytes(usable)} usable), and its step holds "
+             "all of that and more" for rule in left_out]
+    return variants, notes
 
 
 def largest_fitting_sample(variant: TracedVariant, usable: int,

@@ -31,15 +31,18 @@ class ReportCache:
     """Reports by spec; ``make`` is called once per spec (a failure is not kept: asking
     again raises again)."""
 
-    def __init__(self, make: Callable[[TrainingSpec], Report]) -> None:
-        self._make = make
+    def __init__(self, make: Callable[[TrainingSpec], Report],
+                 ahead: Callable[[TrainingSpec], Report | None] | None = None) -> None:
+        self._make, self._ahead = make, ahead
         self._reports: dict[str, Report] = {}
 
     def report(self, spec: TrainingSpec) -> Report:
-        """The spec's report, made now if it was not made before."""
+        """The spec's report: kept, else made ahead elsewhere (``ahead`` gives it, or None),
+        else made now."""
         key = spec_key(spec)
         if key not in self._reports:
-            self._reports[key] = self._make(spec)
+            made = self._ahead(spec) if self._ahead is not None else None
+            self._reports[key] = made if made is not None else self._make(spec)
         return self._reports[key]
 
     def missing(self, specs: list[TrainingSpec]) -> list[TrainingSpec]:
@@ -50,10 +53,6 @@ class ReportCache:
             if key not in self._reports:
                 wanted.setdefault(key, spec)
         return list(wanted.values())
-
-    def add(self, spec: TrainingSpec, report: Report) -> None:
-        """Keep a report made elsewhere (ahead, in another process)."""
-        self._reports.setdefault(spec_key(spec), report)
 
     def __len__(self) -> int:
         return len(self._reports)

@@ -63,6 +63,9 @@ class TracedRule:
     """Its trace keeps gradients between steps, as accumulating micro-batches needs."""
     as_given: bool = False
     """The job as given: the planner's reference, left out of derived candidates' labels."""
+    adds_to_the_job: bool = False
+    """Its step holds everything the job's does at the same batch, and more: when one
+    sample of the job does not fit, it cannot, and the planner does not trace it."""
 
 
 Sizer = Callable[["DerivedRule", "TracedVariant", ModelStates, "PlanContext"], Sized]
@@ -262,7 +265,8 @@ register(TracedRule(Strategy.MIXED_PRECISION, _mixed))
 register(TracedRule(Strategy.CHECKPOINTING, _checkpointed(precision=False)))
 register(TracedRule(Strategy.MIXED_PRECISION_CHECKPOINTING, _checkpointed(precision=True)))
 register(TracedRule(Strategy.MIXED_PRECISION_OFFLOAD, _mixed_offloaded))
-register(TracedRule(Strategy.ACCUMULATION, _gradients_kept, base=False, keeps_gradients=True))
+register(TracedRule(Strategy.ACCUMULATION, _gradients_kept, base=False, keeps_gradients=True,
+                    adds_to_the_job=True))
 register(DerivedRule(Strategy.DDP, _ddp, _gradient_all_reduce, more_gpus_fit=False))
 register(DerivedRule(Strategy.DATA_PARALLEL, _data_parallel, _gradient_all_reduce,
                      more_gpus_fit=False))

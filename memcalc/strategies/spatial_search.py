@@ -10,9 +10,9 @@ GPU (``memcalc.strategies.ranking``), the base is not traced further and a note 
 recommendation and every candidate that is built are then those of the search without
 ``prune``; only the skipped bases' rows are missing, named in the notes.
 
-While one slab is traced, the next ones in turn (``estimator.width`` in all) are asked for
-ahead (``estimator.prefetch``): they may then be skipped after all, which costs traces but
-never changes what is built.
+While one slab is traced, the next ones in turn are asked for ahead (``estimator.prefetch``,
+made by workers that are free): they may then be skipped after all, which costs a worker's
+traces but never changes what is built.
 """
 
 from __future__ import annotations
@@ -84,8 +84,7 @@ def search_spatial(rule: DerivedRule, bases: list[tuple[TracedVariant, ModelStat
         if prune and _skip(search, fitting, rule, context):
             continue
         ahead = [s for s in going if not (prune and _in_the_way(s, fitting, context))]
-        context.estimator.prefetch([slab_spec(s.base, s.parts)
-                                    for s in ahead[:context.estimator.width]])
+        context.estimator.prefetch([slab_spec(s.base, s.parts) for s in ahead], sure=False)
         search.outcome = slab_outcome(rule, search.base, search.parts, search.states, context)
         search.traced += 1
         candidate = search.outcome.candidate

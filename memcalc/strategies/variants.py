@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from memcalc.trace.flops import StepFlops
 
 
-def _nothing_ahead(specs: list[TrainingSpec]) -> None:
+def _nothing_ahead(specs: list[TrainingSpec], sure: bool = True) -> None:
     return None
 
 
@@ -36,12 +36,13 @@ class VariantEstimator:
 
     ``prefetch`` may make the reports of specs the planner is about to ask for ahead, at once
     (``width`` of them: in other processes), so that ``report`` then finds them; the planner
-    asks for them in the same order either way, so what it builds does not depend on it."""
+    asks for them in the same order either way, so what it builds does not depend on it.
+    ``sure``: it asks for every one (else it may skip all but the first)."""
 
     report: Callable[[TrainingSpec], Report]
     flops: Callable[[TrainingSpec, int], StepFlops]
     model: Callable[[TrainingSpec], nn.Module]
-    prefetch: Callable[[list[TrainingSpec]], None] = _nothing_ahead
+    prefetch: Callable[..., None] = _nothing_ahead
     width: int = 1
     """How many reports are worth asking ``prefetch`` for at once (1: none ahead)."""
 
