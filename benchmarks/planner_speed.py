@@ -22,7 +22,7 @@ from benchmarks.results import publish
 from memcalc.api import plan_spec
 from memcalc.pipeline import estimate
 from memcalc.report.models import Report
-from memcalc.report_pool import MIN_CORES, usable_cores, workers_for
+from memcalc.report_pool import MIN_CORES, ReportPool, usable_cores, workers_for
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec
 from memcalc.strategies.report_cache import ReportCache, spec_key
@@ -56,19 +56,22 @@ def traces_in(report: Report) -> int:
 
 def plan_traces(workers: int) -> int:
     """Steps traced by a plan of the seed, over every report it made, ahead or not (made in
-    this process to count them; the timings are of fresh processes)."""
+    this process to count them; the timings are of fresh processes): those it asked for, and
+    those workers had finished ahead when it ended (skipped after all)."""
     made: dict[str, Report] = {}
-    report, add = ReportCache.report, ReportCache.add
+    report, close = ReportCache.report, ReportPool.close
 
     def reported(cache: ReportCache, spec: TrainingSpec) -> Report:
         made[spec_key(spec)] = report(cache, spec)
         return made[spec_key(spec)]
 
-    def added(cache: ReportCache, spec: TrainingSpec, result: Report) -> None:
-        made[spec_key(spec)] = result
-        add(cache, spec, result)
+    def closed(pool: ReportPool) -> None:
+        for key, future in pool._pending.items():      # noqa: SLF001 (counting only)
+            if future.done() and future.exception() is None:
+                made.setdefault(key, future.result())
+        close(pool)
 
-    with patch.object(ReportCache, "report", reported), patch.object(ReportCache, "add", added):
+    with patch.object(ReportCache, "report", reported), patch.object(ReportPool, "close", closed):
         plan_spec(SEED, ClusterSpec(), workers=workers)
     return sum(traces_in(r) for r in made.values())
 
