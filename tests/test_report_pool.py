@@ -70,31 +70,35 @@ def test_a_plan_made_with_workers_is_the_serial_plan():
     assert not alive(pids)
 
 
-def test_reports_from_a_worker_are_those_made_here():
-    specs = variants()
+@pytest.fixture
+def started():
+    """A started pool of one worker, a cache that asks it first, and the reports made here."""
     made_here = []
     with ReportPool(1) as pool:
         cache = ReportCache(lambda s: made_here.append(s) or estimate(s), ahead=pool.take)
         assert pool.start(START_S)
-        pool.ahead(cache, None, specs)
-        reports = [cache.report(spec) for spec in specs]
-        assert pool.made_in_workers == len(specs) - len(made_here) > 0
+        yield pool, cache, made_here
+
+
+def test_reports_from_a_worker_are_those_made_here(started):
+    pool, cache, made_here = started
+    specs = variants()
+    pool.ahead(cache, None, specs)
+    reports = [cache.report(spec) for spec in specs]
+    assert pool.made_in_workers == len(specs) - len(made_here) > 0
     assert made_here[0] == specs[0]      # the first is the caller's: it asks for it next
     for spec, report in zip(specs, reports):
         assert report.model_dump_json() == estimate(spec).model_dump_json()
 
 
-def test_the_caller_never_waits_for_reports_it_may_not_ask_for():
+def test_the_caller_never_waits_for_reports_it_may_not_ask_for(started):
+    pool, cache, made_here = started
     specs = variants()
-    made_here = []
-    with ReportPool(1) as pool:
-        cache = ReportCache(lambda s: made_here.append(s) or estimate(s), ahead=pool.take)
-        assert pool.start(START_S)
-        pool.ahead(cache, None, specs, sure=False)
-        cache.report(specs[1])     # handed to the worker: waited for, nothing made meanwhile
-        assert made_here == [] and pool.made_in_workers == 1
-        cache.report(specs[0])
-        assert made_here == [specs[0]]
+    pool.ahead(cache, None, specs, sure=False)
+    cache.report(specs[1])     # handed to the worker: waited for, nothing made meanwhile
+    assert made_here == [] and pool.made_in_workers == 1
+    cache.report(specs[0])
+    assert made_here == [specs[0]]
 
 
 def test_a_failure_in_a_worker_is_raised_when_asked_as_in_a_serial_plan():
