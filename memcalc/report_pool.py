@@ -152,8 +152,9 @@ class ReportPool:
         if future is None:
             return None
         while not future.done() and self._wanted and self._sure and self._cache is not None:
+            meanwhile = self._wanted.popleft()
             with contextlib.suppress(Exception):    # made again, and raised, when asked
-                self._cache.report(self._wanted[0])
+                self._cache.report(meanwhile)
         del self._pending[key]
         try:
             report = future.result()
