@@ -23,6 +23,7 @@ from memcalc.host.workers import (
     host_estimate,
 )
 from memcalc.host.report import HostFix, HostReport, WorkerMeasurement
+from memcalc.host.shm_leftovers import group_pids, remove_torch_shm
 from memcalc.host.specs import HostSpec, LoaderSpec
 from memcalc.units import format_bytes
 
@@ -202,10 +203,13 @@ def start_child(module: str, config: dict, output, env: dict[str, str] | None = 
 
 
 def kill_group(process: subprocess.Popen) -> None:
-    """Kill the probe and every process of its group (DataLoader workers included)."""
+    """Kill the probe and every process of its group (DataLoader workers included), then
+    remove the shared memory they were killed too soon to unlink (``shm_leftovers``)."""
+    members = group_pids(process.pid)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    remove_torch_shm(members)
 
 
 def parse_event(line: str) -> dict:
