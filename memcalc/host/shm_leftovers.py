@@ -3,11 +3,11 @@
 PyTorch moves a tensor to shared memory by creating ``/dev/shm/torch_<pid>_<random>_<n>``
 (``at::NewProcessWideShmHandle``, named after the creating process), mapping it and removing
 the name at once. A process killed between the two leaves the file behind, and its RAM stays
-used until the node reboots: two 80 MiB batches were left this way by probes that loaded test
-runs killed. memcalc kills its probes and verify runs as a process group; it then removes
-the files named after that group's processes. Nothing else can need them: with the default
-``file_descriptor`` sharing strategy the receivers hold descriptors, not names, and every
-process of the group is gone.
+used until the node reboots (two 80 MiB ones were found on a test machine after a day of
+test runs that killed probes). memcalc kills its probes and verify runs as a process group;
+it then removes the files named after that group's processes. Nothing else can need them:
+with the default ``file_descriptor`` sharing strategy the receivers hold descriptors, not
+names, and every process of the group is gone.
 
 Known limitations: a worker that died before the kill (the OOM killer in a capped verify run)
 is no longer in the group, so what it left is not found; Linux only (elsewhere nothing is
