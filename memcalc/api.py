@@ -113,8 +113,7 @@ def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None,
                                  model=_meta_model)
     if not workers:
         return estimator
-    return replace(estimator, prefetch=partial(pool.ahead, cache, on_variant),
-                   width=pool.width)
+    return replace(estimator, prefetch=partial(pool.ahead, cache, on_variant))
 
 
 def _announced(report: Callable[[TrainingSpec], Report],

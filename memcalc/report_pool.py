@@ -115,11 +115,6 @@ class ReportPool:
         self.made_in_workers = 0
         """Reports the workers made (the rest were made in this process)."""
 
-    @property
-    def width(self) -> int:
-        """Reports made at once: one per worker and the caller's."""
-        return self.workers + 1
-
     def __enter__(self) -> ReportPool:
         return self
 
@@ -135,8 +130,7 @@ class ReportPool:
         already being made are kept."""
         self._cache, self._announce, self._sure = cache, announce, sure
         self._wanted = deque(cache.missing(specs)[1:])
-        if self._executor is None and self.workers:
-            self._start()
+        self.start()
         self._feed()
 
     def take(self, spec: TrainingSpec) -> Report | None:

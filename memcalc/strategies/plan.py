@@ -89,12 +89,8 @@ def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: Vari
     given = next(traced_variant(rule, variant_spec, estimator)
                  for rule, variant_spec in applying if rule.as_given)
     plan = given.report.device.plan
-    if plan.max_batch_size == 0:
-        left_out = [rule for rule, _ in applying if rule.adds_to_the_job]
-        applying = [(rule, variant_spec) for rule, variant_spec in applying
-                    if not rule.adds_to_the_job]
-    else:
-        left_out = []
+    left_out = [rule for rule, _ in applying if rule.adds_to_the_job and plan.max_batch_size == 0]
+    applying = [(rule, variant_spec) for rule, variant_spec in applying if rule not in left_out]
     estimator.prefetch([planned_spec(variant_spec) for rule, variant_spec in applying
                         if not rule.as_given])
     variants = [given if rule.as_given else traced_variant(rule, variant_spec, estimator)

@@ -34,17 +34,15 @@ class VariantEstimator:
     the spec has a capacity), the FLOPs of a training step, and the model built on the meta
     device (for its repeated blocks and whether a sample can be split spatially).
 
-    ``prefetch`` may make the reports of specs the planner is about to ask for ahead, at once
-    (``width`` of them: in other processes), so that ``report`` then finds them; the planner
-    asks for them in the same order either way, so what it builds does not depend on it.
-    ``sure``: it asks for every one (else it may skip all but the first)."""
+    ``prefetch`` may make the reports of specs the planner is about to ask for ahead (in
+    other processes), so that ``report`` then finds them; the planner asks for them in the
+    same order either way, so what it builds does not depend on it. ``sure``: it asks for
+    every one (else it may skip all but the first)."""
 
     report: Callable[[TrainingSpec], Report]
     flops: Callable[[TrainingSpec, int], StepFlops]
     model: Callable[[TrainingSpec], nn.Module]
     prefetch: Callable[..., None] = _nothing_ahead
-    width: int = 1
-    """How many reports are worth asking ``prefetch`` for at once (1: none ahead)."""
 
 
 @dataclass(frozen=True)
