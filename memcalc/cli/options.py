@@ -93,10 +93,14 @@ def loader_and_machine(options: dict) -> tuple[LoaderSpec, MachineSpec]:
 
 @contextmanager
 def _spinner(description: str):
-    """A transient spinner with elapsed time on stderr (rich draws nothing when stderr is no
-    terminal); yields ``describe(text)``."""
+    """A transient spinner with elapsed time on stderr, none when stderr is no terminal
+    (rich would still end it with an empty line there); yields ``describe(text)``."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda text: None
+        return
     columns = (SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+    with Progress(*columns, console=console, transient=True) as progress:
         task = progress.add_task(description)
         yield lambda text: progress.update(task, description=text)
 
