@@ -18,6 +18,7 @@ from tests.fixtures.host_datasets import (
 from tests.fixtures.host_truth import HostTruth, cgroup_unavailable_reason, host_truth
 from memcalc.errors import InputError
 from memcalc.host.measure import (
+    GROWTH_FLOOR_BYTES,
     MeasurementError,
     measure_worker,
     measured_host_estimate,
@@ -118,8 +119,12 @@ def test_glibc_heap_growth_is_found_and_the_fix_is_measured():
     assert report.measurement.sample_shape == SMALL_SHAPE
     assert report.fix is not None, [t.measurement for t in tries]
     assert report.fix.env == {"MALLOC_MMAP_THRESHOLD_": "1048576"}
-    # 16 MiB samples retained in the heap: the worker ends far above 1 batch of samples
-    assert report.measurement.worker_peak_bytes > 4 * report.fix.measurement.worker_peak_bytes
+    # how much the heap keeps varies (about 2 GiB here alone, 64 MiB in one CI run); what the
+    # fix must do holds every time: with 16 MiB samples always mmapped, the worker stops growing
+    fixed = report.fix.measurement
+    assert fixed.worker_peak_bytes - fixed.worker_first_bytes <= max(GROWTH_FLOOR_BYTES,
+                                                                      fixed.batch_bytes), fixed
+    assert fixed.worker_peak_bytes < 0.8 * report.measurement.worker_peak_bytes
     assert report.fix.per_worker_bytes < report.per_worker_bytes
     assert report.fix.max_num_workers >= report.max_num_workers
     assert any("glibc" in warning for warning in report.warnings)
