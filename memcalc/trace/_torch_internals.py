@@ -75,15 +75,24 @@ class _BelowError(logging.Filter):
         return record.levelno < logging.ERROR
 
 
+METADATA_OPS = frozenset({torch.ops.prim.device.default})
+"""Ops that only read a tensor's metadata: no storage, no FLOPs, nothing to bound. Asked for
+``.device`` of every fake tensor from C++ (the autograd engine, the optimizers' foreach
+grouping), they are about two thirds of the ops a trace dispatches: the modes here pass them
+straight on."""
+
+
 class OpInterceptor(TorchDispatchMode):
-    """Hands every ATen op to ``handler(func, args, kwargs)``, which must call ``func`` itself
-    (ops the handler makes are not intercepted again)."""
+    """Hands every ATen op but ``METADATA_OPS`` to ``handler(func, args, kwargs)``, which must
+    call ``func`` itself (ops the handler makes are not intercepted again)."""
 
     def __init__(self, handler: Callable) -> None:
         super().__init__()
         self._handler = handler
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in METADATA_OPS:
+            return func(*args, **(kwargs or {}))
         return self._handler(func, args, kwargs or {})
 
 
@@ -199,6 +208,8 @@ class StorageWatcher(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         """``op_hook(name, args, outputs, watch)`` may watch the outputs itself, in its own
         order, and return True; otherwise every output is watched in order."""
+        if func in METADATA_OPS:
+            return func(*args, **(kwargs or {}))
         _refuse_real_inputs(func, args, kwargs)
         if torch._C._get_dispatch_mode(torch._C._TorchDispatchModeKey.FAKE) is None:
             _refuse_before_real_allocation(func, args, kwargs)
@@ -335,6 +346,8 @@ class FlopCountingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func in METADATA_OPS:
+            return out
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             self.by_op[func._overloadpacket.__name__] += formula(*args, **kwargs, out_val=out)
