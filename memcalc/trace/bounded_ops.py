@@ -237,6 +237,15 @@ class BoundedOps:
         """Every bounded op used so far, with its bound and count, in first-use order."""
         return tuple(BoundedUse(op, bound, count) for (op, bound), count in self._uses.items())
 
+    @property
+    def use_counts(self) -> Counter[tuple[str, str]]:
+        """The live count of each (op, bound) used (``uses`` reads it)."""
+        return self._uses
+
+    def forget_values(self, tensors: list[torch.Tensor]) -> None:
+        """``tensors`` were written outside the ops seen (a replayed optimizer step)."""
+        self._counts.forget(tensors)
+
     def _handle(self, func, args, kwargs):
         name = func.name()
         kernel = FAKE_KERNELS.get(name)

@@ -8,6 +8,7 @@ runs it on real tensors — so the three cannot drift apart.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,14 +53,17 @@ class StepObserver:
 class TrainingIteration:
     """The step as a callable: each call runs one iteration and returns the output's shape.
     Output and loss are released when the call returns; the target is made once and kept.
-    Without an optimizer the iteration ends after backward."""
+    Without an optimizer the iteration ends after backward. ``step`` steps the optimizer
+    (default ``optimizer.step``; the tracer may replay a recorded step instead)."""
 
     def __init__(self, body: StepBody, model: nn.Module, batch: torch.Tensor | ModelCall,
                  optimizer: torch.optim.Optimizer | None = None,
-                 observer: StepObserver | None = None) -> None:
+                 observer: StepObserver | None = None,
+                 step: Callable[[], object] | None = None) -> None:
         self.body, self.model = body, model
         self.call = batch if isinstance(batch, ModelCall) else ModelCall((batch,))
         self.optimizer, self.observer = optimizer, observer or StepObserver()
+        self._step = step or (optimizer.step if optimizer is not None else None)
         self._target: list[torch.Tensor | None] = []
 
     def __call__(self) -> tuple[int, ...]:
@@ -86,7 +90,7 @@ class TrainingIteration:
         loss.backward()
         if self.optimizer is not None:
             observer.enter(Phase.OPTIMIZER)
-            self.optimizer.step()
+            self._step()
             observer.enter(Phase.ZERO_GRAD)
             self.optimizer.zero_grad(set_to_none=not body.keep_zeroed_grads)
         return shape

@@ -42,6 +42,7 @@ from memcalc.trace.precision import PrecisionPolicy
 from memcalc.trace.flops import StepFlops, step_flops_of
 from memcalc.trace.halos import ZeroHalos, apply_halo_exchange
 from memcalc.trace.step import StepBody, StepObserver, TrainingIteration
+from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
 from memcalc.trace.workspaces import ConvWorkspaces
 from memcalc.specs import LossKind
 
@@ -148,13 +149,22 @@ def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.
     return model
 
 
-def trace_training_step(setup: StepSetup) -> TraceResult:
-    """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be."""
+def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
+    """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be.
+    ``replay``: the optimizer steps are replayed when an earlier trace recorded the same
+    ones (``memcalc.trace.step_replay``), else run (False: always run)."""
+    try:
+        return _traced(setup, replay)
+    except ReplayMismatch:
+        return _traced(setup, replay=False)
+
+
+def _traced(setup: StepSetup, replay: bool) -> TraceResult:
     meta_model = setup.build_meta_model()
     try:
         with quiet_fake_tensor_logger(), fake_cpu_mode():
-            return _trace(setup, meta_model)
-    except MemcalcError:
+            return _trace(setup, meta_model, replay)
+    except (MemcalcError, ReplayMismatch):
         raise
     except RealAllocationError as error:
         raise TraceError(f"refused: {error}") from error
@@ -172,7 +182,7 @@ def trace_training_step(setup: StepSetup) -> TraceResult:
                          f"{at_user_frame(error)}") from error
 
 
-def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
+def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool) -> TraceResult:
     ledger, cursor = MemoryLedger(), _Cursor()
 
     def on_new(storage: torch.UntypedStorage) -> StorageRecord | None:
@@ -207,9 +217,17 @@ def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
         with bounded, watcher, legacy, kernels or contextlib.nullcontext():
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
             observer = _LedgerObserver(watcher, cursor, ledger, model, optimizer)
-            iteration = TrainingIteration(setup.body, model, batch, optimizer, observer)
+            steps = OptimizerSteps(optimizer, TraceSide(
+                ledger, watcher.op_names, bounded.use_counts,
+                lambda: (cursor.phase, cursor.iteration, cursor.module_path),
+                lambda: (kernels and (set(kernels.target.unmodelled),
+                                      dict(kernels.target.attention_backends)),
+                         workspaces and workspaces.calls),
+                bounded.forget_values), repr(_step_context(setup)), replay)
+            iteration = TrainingIteration(setup.body, model, batch, optimizer, observer, steps)
             try:
                 output_shape = _iterations(setup, iteration, cursor, offload, halo)
+                steps.finish()
             finally:   # the counter is the innermost mode: it must leave before the others
                 observer.stop_counting()
     finally:
@@ -220,6 +238,11 @@ def _trace(setup: StepSetup, meta_model: nn.Module) -> TraceResult:
                        workspaces.calls if workspaces else 0, bounded.uses(),
                        dict(kernels.target.attention_backends) if kernels else {},
                        tuple(sorted(kernels.target.unmodelled)) if kernels else ())
+
+
+def _step_context(setup: StepSetup) -> tuple:
+    """What of the setup an optimizer step's recording also depends on."""
+    return (setup.iterations, setup.keep_zeroed_grads, setup.cuda_kernels, setup.cuda_capability)
 
 
 def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: _Cursor,

@@ -134,6 +134,12 @@ class ValueCounts:
             if count is not None and isinstance(outputs, torch.Tensor):
                 self._counts[kind][outputs.untyped_storage()] = min(count, outputs.numel())
 
+    def forget(self, tensors: list[torch.Tensor]) -> None:
+        """``tensors`` were written by something not observed: their counts go."""
+        for counts in self._counts.values():
+            for tensor in tensors:
+                counts.pop(tensor.untyped_storage(), None)
+
     def _bound(self, kind: str, tensor: torch.Tensor) -> int:
         count = self._counts[kind].get(tensor.untyped_storage())
         return tensor.numel() if count is None else min(count, tensor.numel())
