@@ -32,6 +32,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
@@ -112,6 +113,9 @@ class ReportPool:
         self._sure = True
         self._wanted: deque[TrainingSpec] = deque()
         self._pending: dict[str, Future] = {}
+        self._lock = threading.RLock()
+        """Guards what is wanted and pending: workers are also fed from the executor's
+        manager thread, as each report they make (or their start) completes."""
         self.made_in_workers = 0
         """Reports the workers made (the rest were made in this process)."""
 
@@ -128,8 +132,9 @@ class ReportPool:
         rest go to the workers, as many as are free now, the others as workers come free
         (whenever the planner asks for a report). Replaces what was wanted before; reports
         already being made are kept."""
-        self._cache, self._announce, self._sure = cache, announce, sure
-        self._wanted = deque(cache.missing(specs)[1:])
+        with self._lock:
+            self._cache, self._announce, self._sure = cache, announce, sure
+            self._wanted = deque(cache.missing(specs)[1:])
         self.start()
         self._feed()
 
@@ -140,16 +145,21 @@ class ReportPool:
         worker's failure is None too: the report is then made here, and fails as it would
         in a serial plan."""
         key = spec_key(spec)
-        self._wanted = deque(s for s in self._wanted if spec_key(s) != key)
-        future = self._pending.get(key)
+        with self._lock:
+            self._wanted = deque(s for s in self._wanted if spec_key(s) != key)
+            future = self._pending.get(key)
         self._feed()        # keep the workers busy while this process makes it
         if future is None:
             return None
-        while not future.done() and self._wanted and self._sure and self._cache is not None:
-            meanwhile = self._wanted.popleft()
+        while not future.done():
+            with self._lock:
+                if not (self._wanted and self._sure and self._cache is not None):
+                    break
+                meanwhile = self._wanted.popleft()
             with contextlib.suppress(Exception):    # made again, and raised, when asked
                 self._cache.report(meanwhile)
-        del self._pending[key]
+        with self._lock:
+            del self._pending[key]
         try:
             report = future.result()
         except Exception as error:  # noqa: BLE001 (made again here, where it raises)
@@ -160,17 +170,29 @@ class ReportPool:
         return report
 
     def _feed(self) -> None:
-        """Hand wanted specs to free workers (none while they still start)."""
-        busy = sum(not future.done() for future in self._pending.values())
-        while self._wanted and busy < self.workers and self._accepting():
-            spec = self._wanted.popleft()
-            key = spec_key(spec)
-            if key in self._pending or not self._cache.missing([spec]):
-                continue
-            if self._announce is not None:
-                self._announce(spec)
-            self._pending[key] = _submit(self._executor, _worker_report, spec)
-            busy += 1
+        """Hand wanted specs to free workers (none while they still start): called by this
+        process as it asks for reports, and from the executor's manager thread whenever a
+        worker comes free (``on_variant`` may then be told from that thread)."""
+        with self._lock:
+            busy = sum(not future.done() for future in self._pending.values())
+            while (self._wanted and busy < self.workers and self._executor is not None
+                   and self._accepting()):
+                spec = self._wanted.popleft()
+                key = spec_key(spec)
+                if key in self._pending or not self._cache.missing([spec]):
+                    continue
+                if self._announce is not None:
+                    self._announce(spec)
+                future = _submit(self._executor, _worker_report, spec)
+                self._pending[key] = future
+                future.add_done_callback(self._came_free)
+                busy += 1
+
+    def _came_free(self, _future: Future) -> None:
+        """A worker finished (or started): give it what is wanted next. Runs in the
+        executor's manager thread, where nothing may raise."""
+        with contextlib.suppress(Exception):
+            self._feed()
 
     def _accepting(self) -> bool:
         started = self._started
@@ -185,6 +207,7 @@ class ReportPool:
         self._executor = ProcessPoolExecutor(self.workers, mp_context=context,
                                              initializer=_worker_start)
         self._started = _submit(self._executor, os.getpid)
+        self._started.add_done_callback(self._came_free)
         return self._executor
 
     def start(self, timeout_s: float | None = None) -> bool:
@@ -202,7 +225,8 @@ class ReportPool:
         """End the workers now: what they still run was only ever ahead of the planner. A
         Ctrl-C meanwhile is held back until they are gone (an interrupted close would leave the
         executor's manager thread running)."""
-        executor, self._executor = self._executor, None
+        with self._lock:
+            executor, self._executor = self._executor, None
         if executor is not None:
             with _sigint_held():
                 _end(executor)

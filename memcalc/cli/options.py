@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 
 import click
@@ -129,12 +130,13 @@ def worker_progress(enabled: bool):
 def variant_progress():
     """A spinner on stderr while ``plan`` estimates its variants; yields ``on_variant``."""
     with _spinner("plan: estimating the job as given") as describe:
-        count = 0
+        count, lock = 0, threading.Lock()
 
-        def on_variant(spec: TrainingSpec) -> None:
+        def on_variant(spec: TrainingSpec) -> None:   # also told from the pool's thread
             nonlocal count
-            count += 1
-            describe(f"plan: variant {count}: {variant_label(spec)}")
+            with lock:
+                count += 1
+                describe(f"plan: variant {count}: {variant_label(spec)}")
         yield on_variant
 
 
