@@ -28,18 +28,28 @@ from __future__ import annotations
 import contextlib
 import importlib
 import math
-import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+
+from memcalc import early_workers
+from memcalc.early_workers import (
+    MAX_WORKERS,
+    MIN_CORES,
+    end,
+    start_workers,
+    submit,
+    usable_cores,
+)
 from typing import TYPE_CHECKING
 
-from memcalc.host.machine import busy_cpus
+from memcalc.host.machine import OtherLoad
 from memcalc.isolation import lacks_main_guard
 from memcalc.strategies.report_cache import spec_key
 from models_zoo import ZOO
@@ -49,22 +59,9 @@ if TYPE_CHECKING:
     from memcalc.specs import TrainingSpec
     from memcalc.strategies.report_cache import ReportCache
 
-MIN_CORES = 2
-"""Fewest usable cores with which a plan starts workers (see benchmarks/planner_speed.py)."""
-MAX_WORKERS = 5
-"""A plan asks for at most six single-GPU variants at once: more workers would only start."""
 LOAD_SAMPLE_S = 0.05
 """How long the other processes' CPU load is sampled before workers are started."""
-_END_GRACE_S = 2.0
-
 Announce = Callable[["TrainingSpec"], None]
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (its affinity, not the machine's count)."""
-    with contextlib.suppress(AttributeError, OSError):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def serial_reason(spec: TrainingSpec) -> str | None:
@@ -94,8 +91,16 @@ def workers_for(spec: TrainingSpec, requested: int | None = None) -> int:
     cores = usable_cores()
     if cores < MIN_CORES:
         return 0
-    spare = cores - 1 - busy_cpus(LOAD_SAMPLE_S)
+    spare = cores - 1 - other_busy_cpus(LOAD_SAMPLE_S)
     return max(0, min(MAX_WORKERS, cores - 1, math.floor(spare + 0.5)))
+
+
+def other_busy_cpus(seconds: float) -> float:
+    """Cores kept busy over ``seconds`` by processes other than this one and its children
+    (the workers started early with the command are still importing torch meanwhile)."""
+    with OtherLoad() as load:
+        time.sleep(seconds)
+    return load.busy_cpus
 
 
 class ReportPool:
@@ -183,7 +188,7 @@ class ReportPool:
                     continue
                 if self._announce is not None:
                     self._announce(spec)
-                future = _submit(self._executor, _worker_report, spec)
+                future = submit(self._executor, _worker_report, spec)
                 self._pending[key] = future
                 future.add_done_callback(self._came_free)
                 busy += 1
@@ -203,10 +208,9 @@ class ReportPool:
         return not self._broken
 
     def _start(self) -> ProcessPoolExecutor:
-        context = multiprocessing.get_context("spawn")
-        self._executor = ProcessPoolExecutor(self.workers, mp_context=context,
-                                             initializer=_worker_start)
-        self._started = _submit(self._executor, os.getpid)
+        """The workers the command started early (``memcalc.early_workers``), else new ones."""
+        self._executor, self._started = (early_workers.adopt(self.workers)
+                                         or start_workers(self.workers))
         self._started.add_done_callback(self._came_free)
         return self._executor
 
@@ -214,6 +218,7 @@ class ReportPool:
         """Start the workers now (not when first needed) and wait up to ``timeout_s`` for them
         to take work (None: no wait); True once they do."""
         if self.workers == 0:
+            early_workers.discard()
             return False
         if self._executor is None:
             self._start()
@@ -229,23 +234,7 @@ class ReportPool:
             executor, self._executor = self._executor, None
         if executor is not None:
             with _sigint_held():
-                _end(executor)
-
-
-def _end(executor: ProcessPoolExecutor) -> None:
-    # CPython keeps the worker processes there; 3.14's terminate_workers() reads the same
-    processes = list((getattr(executor, "_processes", None) or {}).values())
-    executor.shutdown(wait=False, cancel_futures=True)
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError):
-            process.terminate()
-    for process in processes:
-        with contextlib.suppress(OSError, ValueError, AssertionError):
-            process.join(_END_GRACE_S)
-            if process.is_alive():
-                process.kill()
-                process.join(_END_GRACE_S)
-    executor.shutdown(wait=True)
+                end(executor)
 
 
 @contextlib.contextmanager
@@ -267,19 +256,6 @@ def _sigint_held():
         signal.raise_signal(signal.SIGINT)
 
 
-def _submit(executor: ProcessPoolExecutor, call: Callable, *args) -> Future:
-    """``executor.submit`` with SIGINT blocked meanwhile: a worker it starts inherits the block,
-    so a Ctrl-C while the worker still imports cannot print its traceback (the caller gets the
-    signal when the block is lifted)."""
-    if not hasattr(signal, "pthread_sigmask"):
-        return executor.submit(call, *args)
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        return executor.submit(call, *args)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, before)
-
-
 WARM_UP = {"model": "resnet3d", "model_args": {"depth": 10, "in_channels": 1, "num_classes": 2},
            "sample_shape": (8, 8, 8, 1), "batch_size": 1}
 """A tiny zoo step a worker traces as it starts: the imports and first-call work of a trace
@@ -287,7 +263,7 @@ WARM_UP = {"model": "resnet3d", "model_args": {"depth": 10, "in_channels": 1, "n
 which took twice the caller's time for the same report without it."""
 
 
-def _worker_start() -> None:
+def worker_start() -> None:
     """In each worker: Ctrl-C is the caller's to handle; the pipeline imported and run once
     up front (``WARM_UP``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -113,6 +113,13 @@ CASES = [
         "behaviour=print", *SPEC, "--gpu", "T4", "--emit", "slurm", code=0,
         stdout_lacks=("prints json", "raw bytes"), check=_slurm_only),
 
+    # -- a zoo plan starts its workers with the command: ended on every way out
+    cli("zoo-plan-bad-card", "plan", "--model", "resnet3d", "--shape", "8,8,8,1", "--gpu",
+        "NO-SUCH-CARD", code=2, words=("NO-SUCH-CARD",), stderr_lacks=(LEFTOVER_WARNING,)),
+    cli("zoo-plan-timeout", "plan", "--model", "resnet3d", "--shape", "16,16,16,3", "--gpu",
+        "T4", "--timeout", "1", code=4, words=("--timeout 1",),
+        stderr_lacks=(LEFTOVER_WARNING,)),
+
     # -- hangs: --timeout ends them (4); the watchdog when no signal handler can run
     cli("forward-loops-timeout", "estimate", "--model", "tests.fixtures.hostile:forward_loops",
         *SPEC, "--timeout", "3", "--json", code=4, words=("--timeout 3",)),

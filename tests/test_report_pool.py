@@ -134,7 +134,7 @@ def test_no_worker_outlives_an_interrupt():
     (64, 0.0, MAX_WORKERS)])
 def test_workers_take_the_cores_nothing_else_keeps_busy(monkeypatch, cores, busy, workers):
     monkeypatch.setattr(report_pool, "usable_cores", lambda: cores)
-    monkeypatch.setattr(report_pool, "busy_cpus", lambda seconds: busy)
+    monkeypatch.setattr(report_pool, "other_busy_cpus", lambda seconds: busy)
     assert workers_for(TINY) == workers
     assert workers_for(TINY, 2) == 2     # asked for: as many, whatever the load
 

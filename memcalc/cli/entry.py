@@ -14,7 +14,7 @@ import time
 
 import click
 
-from memcalc.cli.commands import main
+from memcalc import early_workers
 from memcalc.cli.guard import INTERRUPTED_EXIT_CODE
 
 STRAY_GRACE_S = 2.0
@@ -23,11 +23,16 @@ ends once its pool is collected) before they are called left running."""
 
 
 def run() -> None:
+    # a plan's workers start importing torch now, beside this process doing the same
+    early_workers.prestart(sys.argv[1:])
     try:
+        from memcalc.cli.commands import main
         main()
         code: object = 0
     except SystemExit as done:
         code = done.code
+    finally:
+        early_workers.discard()
     if code == INTERRUPTED_EXIT_CODE:
         # Interrupted and answered (its workers ended, its Error: line written): exit now,
         # without the interpreter's shutdown. Through it, a plan with worker processes was

@@ -17,6 +17,7 @@ from functools import partial
 import click
 from pydantic import ValidationError
 
+from memcalc import early_workers
 from memcalc.cli.deadline import DeadlineExceeded, deadline, hard_exit, timeout_message, timeout_of
 from memcalc.cli.leftovers import (
     become_subreaper,
@@ -54,7 +55,7 @@ def run_guarded(ctx: click.Context, work) -> None:
     processes the user's code left running; catch what it does to the process (``traps``)."""
     debug = ctx.obj.get("debug")
     become_subreaper()
-    before = descendant_pids()
+    before = descendant_pids() - early_workers.pids()    # ended with the rest on a hard stop
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         with trapped(), contained_stdout(), deadline(timeout_of(ctx), partial(_hard_stop, before)):
@@ -66,6 +67,7 @@ def run_guarded(ctx: click.Context, work) -> None:
     finally:
         end_forked_copy()
         signal.signal(signal.SIGTERM, previous)
+        early_workers.discard()      # started for a plan that never took them: not the user's
         _warn_leftovers(end_new_descendants(before))
 
 

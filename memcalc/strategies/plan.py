@@ -82,12 +82,17 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
 def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: VariantEstimator
                     ) -> tuple[list[TracedVariant], list[str]]:
     """Every traced rule that applies to ``spec``, traced, in registration order, and why a
-    rule was not traced. The job as given is traced first: a rule that only adds to it is
-    left out when one sample of the job does not fit; the rest are asked for ahead at once."""
+    rule was not traced. The job as given is traced first, the rules that do not add to it
+    asked for ahead meanwhile; a rule that only adds to it is left out when one sample of the
+    job does not fit."""
     applying = [(rule, rule.variant(spec, context)) for rule in traced_rules()]
     applying = [(rule, variant_spec) for rule, variant_spec in applying if variant_spec]
-    given = next(traced_variant(rule, variant_spec, estimator)
-                 for rule, variant_spec in applying if rule.as_given)
+    given_rule, given_spec = next((rule, v) for rule, v in applying if rule.as_given)
+    # asked for whatever the job as given shows: ahead of it, while it is traced here
+    estimator.prefetch([planned_spec(given_spec)] + [
+        planned_spec(variant_spec) for rule, variant_spec in applying
+        if not rule.as_given and not rule.adds_to_the_job])
+    given = traced_variant(given_rule, given_spec, estimator)
     plan = given.report.device.plan
     left_out = [rule for rule, _ in applying if rule.adds_to_the_job and plan.max_batch_size == 0]
     applying = [(rule, variant_spec) for rule, variant_spec in applying if rule not in left_out]
