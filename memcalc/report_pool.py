@@ -16,8 +16,9 @@ dropped: the planner makes that report again when it asks for it, so errors are 
 serial plan, raised the same way.
 
 Known limitations: the default worker count reads the load of a short moment; a worker
-needs seconds (the interpreter, torch, the first trace's lazy
-imports) before its first report, so on few cores little is gained; only zoo models are
+needs seconds (the interpreter, torch, the first trace's lazy imports) before its first
+report, so on few cores little is gained (``memcalc plan`` of a zoo model starts them with
+the command, ``memcalc.early_workers``, which hides about half of that); only zoo models are
 made in workers (a user's code runs in the caller alone, where memcalc watches what it does
 to the process), not with a measured DataLoader, and not when the main script would run its
 work again on being imported (no ``__main__`` guard).

@@ -49,6 +49,21 @@ def test_the_main_process_takes_each_batch_between_steps():
         pytest.approx(0.8)
 
 
+def test_a_sleeping_main_process_waits_for_a_core_when_workers_keep_every_core_busy():
+    # 12 ms step, 1.2 ms receive, 22.8 ms a batch per worker, 2 workers on 2 cores, a 2 ms wait
+    # at a wake-up that finds no idle core: the workers use 1.9u cores, so a share 1.9u − 1 of
+    # wake-ups wait, and u = 12 / (12 + 1.2 + 2 (1.9u − 1)) = 12 / (11.2 + 3.8u)
+    solved = (-11.2 + math.sqrt(11.2 ** 2 + 4 * 3.8 * 12)) / (2 * 3.8)
+    assert utilization(2, 0.012, 0.0228, cpus=2, main_busy=0, receive_s=0.0012,
+                       wake_wait_s=0.002) == pytest.approx(solved)
+    costs = {"step_s": 0.012, "load_s": 0.0228, "cpus": 2, "receive_s": 0.0012}
+    # a spinning process never sleeps; one worker on two cores always leaves a core idle
+    assert utilization(2, main_busy=1, wake_wait_s=0.002, **costs) == \
+        utilization(2, main_busy=1, **costs)
+    assert utilization(1, main_busy=0, wake_wait_s=0.002, **costs) == \
+        utilization(1, main_busy=0, **costs)
+
+
 def test_without_workers_the_main_process_builds_at_its_own_speed():
     # a worker needs 40 ms a batch (it writes the batch into shared memory), the main
     # process 25 ms in its own memory

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import utilization
-from memcalc.host.machine import OtherLoad, cpu_wait_seconds
+from memcalc.host.machine import OtherLoad, cpu_wait_seconds, scheduler_tick_s
 from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
@@ -156,7 +156,8 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
             predicted_gpu_utilization=utilization(
                 workers, step_s, seconds_per_sample * batch_size, cpus,
                 main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=others,
-                receive_s=costs.receive_s, main_load_s=costs.build_s)))
+                receive_s=costs.receive_s, main_load_s=costs.build_s,
+                wake_wait_s=scheduler_tick_s()[0] / 2)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
