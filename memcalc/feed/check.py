@@ -113,6 +113,10 @@ class FeedCheck(BaseModel):
     0-worker prediction uses; None: the worker's time stood in."""
     receive_s: float = 0.0
     """The main process's time to take a ready batch from a worker."""
+    wake_wait_s: float = 0.0
+    """What a sleeping step waits for a core when it wakes to every core busy: half the
+    kernel's scheduler tick (``wake_wait_source`` says where the tick was read)."""
+    wake_wait_source: str = ""
 
 
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
@@ -147,6 +151,7 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
                          f"{needed} ((warm-up + largest --workers + --batches) × batch size, at "
                          f"least {1 + COST_BATCHES} batches); lower --batches or --workers")
     costs = main_process_costs(dataset, batch_size, seconds_per_sample * batch_size)
+    tick_s, tick_source = scheduler_tick_s()
     rows = []
     for workers in worker_counts:
         measured, others = measured_utilization(dataset, batch_size, workers, step_s, batches,
@@ -157,9 +162,10 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
                 workers, step_s, seconds_per_sample * batch_size, cpus,
                 main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=others,
                 receive_s=costs.receive_s, main_load_s=costs.build_s,
-                wake_wait_s=scheduler_tick_s()[0] / 2)))
+                wake_wait_s=tick_s / 2)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
                      seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
-                     rows=rows, main_build_s=costs.build_s, receive_s=costs.receive_s)
+                     rows=rows, main_build_s=costs.build_s, receive_s=costs.receive_s,
+                     wake_wait_s=tick_s / 2, wake_wait_source=tick_source)

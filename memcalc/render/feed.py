@@ -35,7 +35,10 @@ def feed_renderable(check: FeedCheck) -> Group:
     table = Table(title=f"{check.dataset}: batch {check.batch_size}, simulated step "
                         f"{check.step_time_s * 1e3:.3g} ms, {check.seconds_per_sample * 1e3:.3g} "
                         f"ms of CPU per sample (measured in a real worker), {check.cpus} CPUs, "
-                        f"the step {check.consumer}s",
+                        f"the step {check.consumer}s" + (
+                            f" (and waits {check.wake_wait_s * 1e3:.3g} ms for a core when it "
+                            f"wakes to all busy: half a tick, {check.wake_wait_source})"
+                            if check.consumer == "sleep" and check.wake_wait_s else ""),
                   title_justify="left")
     for column in ("num_workers", "other load", "predicted GPU busy", "measured GPU busy",
                    "difference"):
