@@ -101,9 +101,12 @@ def main() -> None:
         "`python -m benchmarks.planner_speed`.",
         "",
         f"Seed case `{' '.join(SEED_ARGS)}`; wall time of a fresh `python -m memcalc` process "
-        f"(imports included), median of {RUNS} runs. Each `memcalc plan` picks its worker "
-        "processes at its start: one per core that neither it nor other processes keep busy "
+        f"(imports included), median of {RUNS} runs. Each `memcalc plan` starts its worker "
+        "processes with the command, while it imports torch (`memcalc.early_workers`), and "
+        "keeps one per core that neither it nor other processes keep busy "
         f"(none below {MIN_CORES} usable cores); at the benchmark's start that was {workers}. "
+        "Every trace after a process's first replays the optimizer steps it recorded "
+        "(`memcalc.trace.step_replay`). "
         "Traced steps are counted from the reports made (the batch plans' traced points), "
         "those made ahead in workers included (they may be skipped after all).",
         "",
