@@ -7,7 +7,9 @@ tells is known then, so they start only for ``plan`` of a model named as a zoo m
 ``module:attr``, no ``.py``), without ``--dataset`` or ``--spec``, on at least ``MIN_CORES``
 usable cores: as many as a plan may use (``MAX_WORKERS``, cores - 1), before the load is read.
 The pool takes them over (``adopt``) when it wants at most that many; when it wants none (a busy
-machine, a reason to run serially) or the command ends first, they are ended (``discard``).
+machine, a reason to run serially) or the command ends first, they are ended (``discard``), on
+a SIGTERM too (``memcalc.cli.entry``); a worker whose parent is gone (SIGKILL) ends itself
+(``memcalc.report_pool``).
 
 Standard library only: this module is imported before torch.
 """

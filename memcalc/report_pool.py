@@ -265,13 +265,27 @@ which took twice the caller's time for the same report without it."""
 
 
 def worker_start() -> None:
-    """In each worker: Ctrl-C is the caller's to handle; the pipeline imported and run once
+    """In each worker: Ctrl-C is the caller's to handle; the worker ends itself once its
+    parent is gone (killed, so nothing ended the pool); the pipeline imported and run once
     up front (``WARM_UP``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_end_with_parent, args=(os.getppid(),), daemon=True,
+                     name="memcalc-parent-watch").start()
     pipeline = importlib.import_module("memcalc.pipeline")
     specs = importlib.import_module("memcalc.specs")
     with contextlib.suppress(Exception):    # only a warm-up: the real reports say what fails
         pipeline.estimate(specs.TrainingSpec(**WARM_UP), layer_tables={}, card_fits=False)
+
+
+PARENT_CHECK_S = 1.0
+
+
+def _end_with_parent(parent: int) -> None:
+    """Exit once this process is no longer ``parent``'s child: an orphan waits on its task
+    queue for ever (it holds the queue's write end itself, so no end-of-file comes)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os._exit(0)
 
 
 _WORKER_TABLES: dict[str, tuple] = {}

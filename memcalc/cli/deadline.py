@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 import click
 
 from memcalc.cli.leftovers import leftovers_warning
+from memcalc.cli.signal_raise import raise_where_safe
 from memcalc.cli.types import FiniteFloatRange
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -67,7 +68,7 @@ def deadline(seconds: float, on_hard_stop: Callable[[str], None]) -> Iterator[No
         return
 
     def alarm(signum, frame) -> None:
-        raise DeadlineExceeded(seconds)
+        raise_where_safe(signum, frame, DeadlineExceeded(seconds))
 
     finished = threading.Event()
 

@@ -4,6 +4,7 @@ the finished command alive for ever)."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing.util
 import os
@@ -15,7 +16,7 @@ import time
 import click
 
 from memcalc import early_workers
-from memcalc.cli.guard import INTERRUPTED_EXIT_CODE
+from memcalc.cli.guard import INTERRUPTED_EXIT_CODE, TERMINATED_EXIT_CODE
 
 STRAY_GRACE_S = 2.0
 """How long threads still running at the end get to finish (a process pool's manager thread
@@ -25,6 +26,7 @@ ends once its pool is collected) before they are called left running."""
 def run() -> None:
     # a plan's workers start importing torch now, beside this process doing the same
     early_workers.prestart(sys.argv[1:])
+    signal.signal(signal.SIGTERM, _terminated_outside_the_command)
     try:
         from memcalc.cli.commands import main
         main()
@@ -54,6 +56,17 @@ def run() -> None:
     click.echo(f"Warning: stopped {len(stray)} thread{'s' if len(stray) > 1 else ''} ({names}) "
                "that your code started and left running", err=True)
     _exit_now(code if isinstance(code, int) else 0 if code is None else 1)
+
+
+def _terminated_outside_the_command(signum, frame) -> None:
+    """SIGTERM before the command runs its work (while torch is imported) or after it: the
+    workers started early ended, one ``Error:`` line, 143 (the command's own handler holds
+    while it works)."""
+    early_workers.discard()
+    _unlink_semaphores()
+    with contextlib.suppress(OSError):
+        os.write(2, b"Error: terminated (SIGTERM)\n")
+    os._exit(TERMINATED_EXIT_CODE)
 
 
 def _exit_now(code: int) -> None:

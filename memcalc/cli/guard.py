@@ -26,6 +26,7 @@ from memcalc.cli.leftovers import (
     leftovers_warning,
 )
 from memcalc.cli.output import contained_stdout
+from memcalc.cli.signal_raise import raise_where_safe
 from memcalc.cli.traps import (
     HardExit,
     end_forked_copy,
@@ -113,7 +114,7 @@ class Terminated(BaseException):
 
 
 def _exit_on_sigterm(signum, frame) -> None:
-    raise Terminated()
+    raise_where_safe(signum, frame, Terminated())
 
 
 def _fail(message: str, code: int) -> None:

@@ -19,6 +19,8 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
+from memcalc.cli.signal_raise import raise_where_safe
+
 
 class HardExit(BaseException):
     """The user's code called ``os._exit``."""
@@ -94,7 +96,7 @@ def trapped() -> Iterator[None]:
 
     def on_sigint(signum, frame) -> None:
         _STATE["sigint"] = True
-        raise KeyboardInterrupt
+        raise_where_safe(signum, frame, KeyboardInterrupt())
 
     previous_sigint = signal.getsignal(signal.SIGINT)
     if previous_sigint is signal.default_int_handler:    # not ignored (a background job)
