@@ -51,6 +51,10 @@ def start_workers(workers: int) -> tuple[ProcessPoolExecutor, Future]:
 
 
 def _worker_start() -> None:
+    # spawned with SIGTERM blocked when the command started it (``memcalc.cli.entry``): a
+    # terminate() must reach it while it imports torch
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     importlib.import_module("memcalc.report_pool").worker_start()
 
 

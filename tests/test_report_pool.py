@@ -161,8 +161,9 @@ def test_a_stopped_plan_leaves_no_worker_and_prints_one_line(signal_name, whole_
         assert time.monotonic() < deadline and process.poll() is None, process.stderr.read()
         seen |= {c.pid for c in psutil.Process(process.pid).children(recursive=True)}
         time.sleep(0.05)
-    time.sleep(0.5)
+    time.sleep(1.5)         # the workers start with the command: into the plan itself
     number = getattr(signal, signal_name)
+    assert process.poll() is None, f"the plan ended before the signal: {process.stderr.read()}"
     os.killpg(process.pid, number) if whole_group else process.send_signal(number)
     _, stderr = process.communicate(timeout=60)
     assert (process.returncode, stderr.strip()) == (code, line)

@@ -23,10 +23,20 @@ STRAY_GRACE_S = 2.0
 ends once its pool is collected) before they are called left running."""
 
 
+_STOPPED = {signal.SIGTERM: (b"terminated (SIGTERM)", TERMINATED_EXIT_CODE),
+            signal.SIGINT: (b"interrupted", INTERRUPTED_EXIT_CODE)}
+
+
 def run() -> None:
     # a plan's workers start importing torch now, beside this process doing the same
-    early_workers.prestart(sys.argv[1:])
-    signal.signal(signal.SIGTERM, _terminated_outside_the_command)
+    for number in _STOPPED:                 # not where ignored (a background job)
+        if signal.getsignal(number) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(number, _stopped_outside_the_command)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOPPED))
+    try:        # a signal meanwhile is acted on once the workers are there to end
+        early_workers.prestart(sys.argv[1:])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     try:
         from memcalc.cli.commands import main
         main()
@@ -58,15 +68,16 @@ def run() -> None:
     _exit_now(code if isinstance(code, int) else 0 if code is None else 1)
 
 
-def _terminated_outside_the_command(signum, frame) -> None:
-    """SIGTERM before the command runs its work (while torch is imported) or after it: the
-    workers started early ended, one ``Error:`` line, 143 (the command's own handler holds
-    while it works)."""
+def _stopped_outside_the_command(signum, frame) -> None:
+    """SIGTERM or SIGINT before the command runs its work (while torch is imported) or after
+    it: the workers started early ended, one ``Error:`` line, 143 or 130, as during the work
+    (where the command's own handlers hold; click would say "Aborted!" and exit 1)."""
     early_workers.discard()
     _unlink_semaphores()
+    what, code = _STOPPED[signum]
     with contextlib.suppress(OSError):
-        os.write(2, b"Error: terminated (SIGTERM)\n")
-    os._exit(TERMINATED_EXIT_CODE)
+        os.write(2, b"Error: " + what + b"\n")
+    os._exit(code)
 
 
 def _exit_now(code: int) -> None:

@@ -99,7 +99,8 @@ def trapped() -> Iterator[None]:
         raise_where_safe(signum, frame, KeyboardInterrupt())
 
     previous_sigint = signal.getsignal(signal.SIGINT)
-    if previous_sigint is signal.default_int_handler:    # not ignored (a background job)
+    replaced = previous_sigint not in (signal.SIG_IGN, None)   # not ignored (a background job)
+    if replaced:
         signal.signal(signal.SIGINT, on_sigint)
     real_stderr, tracking = sys.stderr, _LineTracking(sys.stderr)
     sys.stderr, os._exit = tracking, exit_trap
@@ -108,5 +109,5 @@ def trapped() -> Iterator[None]:
     finally:
         sys.stderr, os._exit = real_stderr, real_exit
         _STATE.update(owner=None, line_open=not tracking.at_line_start)
-        if previous_sigint is signal.default_int_handler:
+        if replaced:
             signal.signal(signal.SIGINT, previous_sigint)
