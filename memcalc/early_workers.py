@@ -102,15 +102,17 @@ def discard() -> None:
 
 def pids() -> set[int]:
     """Processes of the workers started early and not taken over."""
-    if _held is None:
-        return set()
-    return {process.pid for process in (getattr(_held[1], "_processes", None) or {}).values()}
+    return {process.pid for process in _processes_of(_held[1])} if _held is not None else set()
+
+
+def _processes_of(executor: ProcessPoolExecutor) -> list:
+    # CPython keeps the worker processes there; 3.14's terminate_workers() reads the same
+    return list((getattr(executor, "_processes", None) or {}).values())
 
 
 def end(executor: ProcessPoolExecutor) -> None:
     """Terminate the executor's processes (killed after a grace) and shut it down."""
-    # CPython keeps the worker processes there; 3.14's terminate_workers() reads the same
-    processes = list((getattr(executor, "_processes", None) or {}).values())
+    processes = _processes_of(executor)
     executor.shutdown(wait=False, cancel_futures=True)
     for process in processes:
         with contextlib.suppress(OSError, ValueError):

@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING
 
 from memcalc import early_workers
 from memcalc.early_workers import (
@@ -48,9 +49,7 @@ from memcalc.early_workers import (
     submit,
     usable_cores,
 )
-from typing import TYPE_CHECKING
-
-from memcalc.host.machine import OtherLoad
+from memcalc.host.machine import other_busy_cpus
 from memcalc.isolation import lacks_main_guard
 from memcalc.strategies.report_cache import spec_key
 from models_zoo import ZOO
@@ -92,16 +91,9 @@ def workers_for(spec: TrainingSpec, requested: int | None = None) -> int:
     cores = usable_cores()
     if cores < MIN_CORES:
         return 0
+    # the workers started early with the command are children: their imports are not load
     spare = cores - 1 - other_busy_cpus(LOAD_SAMPLE_S)
     return max(0, min(MAX_WORKERS, cores - 1, math.floor(spare + 0.5)))
-
-
-def other_busy_cpus(seconds: float) -> float:
-    """Cores kept busy over ``seconds`` by processes other than this one and its children
-    (the workers started early with the command are still importing torch meanwhile)."""
-    with OtherLoad() as load:
-        time.sleep(seconds)
-    return load.busy_cpus
 
 
 class ReportPool:

@@ -28,12 +28,12 @@ _STOPPED = {signal.SIGTERM: (b"terminated (SIGTERM)", TERMINATED_EXIT_CODE),
 
 
 def run() -> None:
-    # a plan's workers start importing torch now, beside this process doing the same
     for number in _STOPPED:                 # not where ignored (a background job)
         if signal.getsignal(number) in (signal.SIG_DFL, signal.default_int_handler):
             signal.signal(number, _stopped_outside_the_command)
     held = signal.pthread_sigmask(signal.SIG_BLOCK, set(_STOPPED))
     try:        # a signal meanwhile is acted on once the workers are there to end
+        # a plan's workers start importing torch now, beside this process doing the same
         early_workers.prestart(sys.argv[1:])
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)

@@ -123,20 +123,14 @@ def _tmpfs_size(path: Path) -> int | None:
     return stats.f_blocks * stats.f_frsize or None
 
 
-def busy_cpus(seconds: float = 0.5) -> float:
-    """Cores kept busy over ``seconds`` among those this process may use (``/proc/stat``,
-    scaled by the affinity share of the machine's cores; this process sleeps meanwhile, so it
-    is everything else's load), 0 where it cannot be read."""
+def other_busy_cpus(seconds: float) -> float:
+    """Cores kept busy over ``seconds`` by processes other than this one and its children
+    (``OtherLoad``; this process sleeps meanwhile), 0 where it cannot be read."""
     import time
 
-    try:
-        (total_0, idle_0), _ = _stat_ticks(), time.sleep(seconds)
-        total_1, idle_1 = _stat_ticks()
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    if total_1 <= total_0:
-        return 0.0
-    return max(0.0, _cpu_count(Path("/")) * (1 - (idle_1 - idle_0) / (total_1 - total_0)))
+    with OtherLoad() as load:
+        time.sleep(seconds)
+    return load.busy_cpus
 
 
 DEFAULT_SCHEDULER_HZ = 250

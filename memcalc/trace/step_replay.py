@@ -142,8 +142,6 @@ class OptimizerSteps:
         self._made: dict[int, int] = {}        # ledger record id -> step record number
         self._replayed: dict[int, object] = {}  # step record number -> ledger record
         self._key: str | None = None
-        self.replayed = False
-        """Whether this trace's steps were replayed."""
 
     def __call__(self) -> None:
         signature = step_signature(self._optimizer, self._context)
@@ -152,7 +150,6 @@ class OptimizerSteps:
             self._key = signature if fresh else None
             self._replaying = (_RECORDINGS.get(signature) if fresh and self._replay_allowed
                                else None)
-            self.replayed = self._replaying is not None
         if self._replaying is not None:
             self._replay_step(signature)
         else:
@@ -177,7 +174,7 @@ class OptimizerSteps:
         self._trace.uses.update(dict(step.uses))
         # the step writes every parameter that has a gradient: counts of their values go
         self._trace.forget_values([param for group in self._optimizer.param_groups
-                             for param in group["params"] if param.grad is not None])
+                                   for param in group["params"] if param.grad is not None])
         self._steps.append(step)
 
     def _record_step(self, signature: str) -> None:
