@@ -209,7 +209,28 @@ def kill_group(process: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    _wait_until_dead(members)
     remove_torch_shm(members)
+
+
+GROUP_END_S = 2.0
+"""How long the killed group's other members (the DataLoader workers, not this process's
+children) get to finish dying: a loaded run once found one still there right after."""
+
+
+def _wait_until_dead(pids) -> None:
+    """Wait, at most ``GROUP_END_S`` in all, until each process is gone or a zombie."""
+    import psutil
+
+    deadline = time.monotonic() + GROUP_END_S
+    for pid in pids:
+        while time.monotonic() < deadline:
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.01)
 
 
 def parse_event(line: str) -> dict:
