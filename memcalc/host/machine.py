@@ -209,8 +209,16 @@ def cpu_wait_seconds(pid: int) -> float | None:
     ``/proc/PID/schedstat`` (its second field, in ns; the kernel's scheduler statistics);
     None where it cannot be read. Wall time less this is the time the thread would have
     taken with a core to itself."""
+    times = cpu_run_and_wait_seconds(pid)
+    return None if times is None else times[1]
+
+
+def cpu_run_and_wait_seconds(pid: int) -> tuple[float, float] | None:
+    """Seconds the process's main thread has run on a CPU and waited for one
+    (``/proc/PID/schedstat``'s first two fields); None where they cannot be read."""
     try:
         with open(f"/proc/{pid}/schedstat") as stat:
-            return int(stat.read().split()[1]) / 1e9
+            fields = stat.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.host.child_events import emit, run_child
-from memcalc.host.machine import cpu_wait_seconds
+from memcalc.host.machine import cpu_run_and_wait_seconds
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
 
@@ -98,27 +98,33 @@ class _WorkerWatch:
         return peak
 
 
-def _timed_arrivals(batches, seconds: float, worker_pid: int) -> tuple[list[float], list[float]]:
+def _timed_arrivals(batches, seconds: float, worker_pid: int):
     """Arrival times of up to TIMING_BATCHES more batches, nothing else running beside them
-    (empty at the dataset's end), and the worker's seconds waited for a CPU so far at each
-    arrival (empty where the kernel does not say)."""
-    arrivals, waits = [time.monotonic()], [cpu_wait_seconds(worker_pid)]
+    (empty at the dataset's end), and the worker's (seconds run, seconds waited for a CPU)
+    so far at each arrival (empty where the kernel does not say)."""
+    arrivals, cpu = [time.monotonic()], [cpu_run_and_wait_seconds(worker_pid)]
     deadline = arrivals[0] + seconds
     for batch in itertools.islice(batches, TIMING_BATCHES):
         del batch
         arrivals.append(time.monotonic())
-        waits.append(cpu_wait_seconds(worker_pid))
+        cpu.append(cpu_run_and_wait_seconds(worker_pid))
         if arrivals[-1] > deadline:
             break
-    return arrivals, ([] if None in waits else waits)
+    return arrivals, ([] if None in cpu else cpu)
 
 
-def _median_interval(times: list[float], less: list[float] | None = None) -> float:
-    """Median time between batches (prefetched batches arrive at once, so not the mean),
-    each interval less what ``less`` grew by over it."""
-    steps = [b - a for a, b in itertools.pairwise(times)]
-    if less:
-        steps = [max(0.0, step - (b - a)) for step, (a, b) in zip(steps, itertools.pairwise(less))]
+def _median_interval(times: list[float]) -> float:
+    """Median time between batches (prefetched batches arrive at once, so not the mean)."""
+    return statistics.median([b - a for a, b in itertools.pairwise(times)] or [0.0])
+
+
+def _median_core_interval(times: list[float], cpu: list[tuple[float, float]]) -> float:
+    """Median time between batches with a core to itself: each interval less what the worker
+    waited for a CPU over it, and never less than the CPU time it ran (a wait the kernel
+    counts twice, as under a CPU quota, must not make a batch cost less than its work)."""
+    steps = [max(b - a - (wait_b - wait_a), run_b - run_a)
+             for (a, b), ((run_a, wait_a), (run_b, wait_b))
+             in zip(itertools.pairwise(times), itertools.pairwise(cpu))]
     return statistics.median(steps or [0.0])
 
 
@@ -195,11 +201,11 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     watch.stop = True
     watch.thread.join()
     emit("timing", batches=TIMING_BATCHES)
-    timed, waits = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
+    timed, cpu = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
                                    shared_pid.value)
     del batches, loader
     if len(timed) <= 3:     # the dataset ended: the memory phase's arrivals, sampler and all
-        timed, waits = arrivals[1:], []
+        timed, cpu = arrivals[1:], []
     seconds_per_sample = _median_interval(timed) / config["batch_size"]
     half = series[len(series) // 2:]
     slope = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else 0.0
@@ -210,8 +216,8 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         "worker_first_bytes": series[0] if series else 0, "worker_peak_bytes": max(series, default=0),
         "growth_bytes_per_batch": slope, "batches": len(series),
         "seconds_per_sample": seconds_per_sample,
-        "core_seconds_per_sample": (_median_interval(timed, waits) / config["batch_size"]
-                                    if waits else None),
+        "core_seconds_per_sample": (_median_core_interval(timed, cpu) / config["batch_size"]
+                                    if cpu else None),
         "stopped_by": stopped_by,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
