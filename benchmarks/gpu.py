@@ -94,18 +94,34 @@ def report_lines() -> list[str]:
     for name, measured, predicted in step_time_rows():
         lines.append(f"| {name} | {measured * 1e3:.1f} ms | {predicted * 1e3:.1f} ms | "
                      f"{MFU * predicted / measured:.2f} |")
-    lines += ["", *_largest_lines(steps.get("largest") or []), *table]
+    lines += ["", *_largest_lines(), *table]
     return lines
 
 
-def _largest_lines(rows: list[dict]) -> list[str]:
-    if not rows:
-        return ["Largest batch on emulated cards: not measured yet (`python -m benchmarks.gpu_measure "
-                "--parts largest --largest FILE` on a GPU; FILE from "
-                "benchmarks.gpu_largest.predicted_largest()).", ""]
-    lines = ["| model | card | planned | true |", "|---|---|---:|---:|"]
-    lines += [f"| {r['model']} {r['precision']} | {r['card']} | {r['predicted']} | {r['true']} |"
-              for r in rows]
+def largest_rows() -> list[tuple[dict, int]]:
+    """Each measured largest batch with memcalc's plan for the same allocator budget."""
+    from benchmarks.gpu_largest import planned_in_measured_budget
+
+    return [(row, planned_in_measured_budget(row)) for row in gpu_data.largest()["rows"]]
+
+
+def _largest_lines() -> list[str]:
+    stored = gpu_data.largest()
+    rows = largest_rows()
+    versions = stored["versions"]
+    on_spot = sum(row["true"] - 1 <= planned <= row["true"] for row, planned in rows)
+    above = [(planned - row["true"]) / row["true"] * 100 for row, planned in rows
+             if planned > row["true"]]
+    lines = [f"Largest batch on emulated cards ({stored['hardware']}; torch {versions['torch']}, "
+             f"cuDNN {versions['cudnn']}, driver {versions['driver']}; {stored['measured']}). "
+             "The allocator was capped at what the card leaves it; memcalc planned for the same "
+             f"budget. Equal or one below: {on_spot} of {len(rows)}; above: {len(above)} "
+             f"(at most {max(above, default=0.0):.1f} %).",
+             "", "| model | card | planned | true | planned / true |", "|---|---|---:|---:|---:|"]
+    for row, planned in rows:
+        true = f"{row['true']}" if row["exact"] else f"{row['true']}-{row['true_below'] - 1}"
+        lines.append(f"| {row['model']} {row['precision']} | {row['card']} | {planned} | {true} | "
+                     f"{planned / row['true']:.3f} |")
     return lines + [""]
 
 

@@ -15,8 +15,10 @@ import time
 
 from tests.fixtures.gpu_cases import EMULATED_CARDS, LARGEST_BATCH_CASES, GpuCase
 from tests.fixtures.gpu_data import spec_of
+from memcalc.device.env_profile import resolve_profile
 
-MAX_PROBES = 10
+MAX_PROBES = 24
+BEFORE_CONTEXT_BYTES = [0]  # the device's used bytes before this process made a context
 
 
 def predicted_largest() -> list[dict]:
@@ -36,8 +38,64 @@ def predicted_largest() -> list[dict]:
     return rows
 
 
+def outside_allocator_bytes(case: GpuCase) -> int:
+    """What memcalc puts outside the caching allocator for this step: its context and
+    libraries, and the profile's driver reservation."""
+    from memcalc.pipeline import estimate
+
+    first = estimate(spec_of(case, batch_size=1)).device
+    return first.context_bytes + resolve_profile(spec_of(case).env_profile, None).driver_reserved_bytes
+
+
+def planned_in_measured_budget(row: dict) -> int:
+    """memcalc's planned largest batch when its allocator may reserve what the real run's
+    could (``allowed_reserved_bytes``): the card given as that much plus what memcalc puts
+    outside the allocator (its context and libraries, the profile's driver reservation), so
+    the comparison is of the step and the allocator, not of a machine's fixed floor."""
+    from memcalc.pipeline import estimate
+
+    case = GpuCase(row["model"], tuple(row["sample_shape"]), 1, row["precision"])
+    spec = spec_of(case, batch_size=None, headroom_fraction=0.0,
+                   gpu_memory_bytes=row["allowed_reserved_bytes"] + outside_allocator_bytes(case))
+    plan = estimate(spec).device.plan
+    return plan.max_batch_size if plan else 0
+
+
+def runs_in_measured_budget(row: dict, batches: list[int]) -> dict[int, bool]:
+    """memcalc's verdict at each batch, for the real run's allocator budget: one trace per
+    batch, replayed with that budget as the allocator's limit (no plan search)."""
+    from memcalc.device.estimate import DeviceTarget, traced_device_report
+    from memcalc.pipeline import _prepare
+
+    case = GpuCase(row["model"], tuple(row["sample_shape"]), max(batches), row["precision"])
+    prepared = _prepare(spec_of(case), None)
+    base = prepared.target
+    verdicts = {}
+    for batch in batches:
+        free = prepared.device_report(batch)
+        assert free.method == "traced", f"{case.name}: not traced at batch {batch}"
+        outside = free.context_bytes + base.profile.driver_reserved_bytes
+        target = DeviceTarget(base.spec, base.gpu, base.profile,
+                              row["allowed_reserved_bytes"] + outside, 0)
+        verdicts[batch] = bool(traced_device_report(target, batch,
+                                                    prepared.traces[batch]).runs_at_capacity)
+    return verdicts
+
+
+def _offsets(start: int):
+    """Steps away from the planned batch: 1, 2, then 1 % of it doubling (a plan that is right
+    costs two probes; one 5 % off about ten)."""
+    yield 1
+    yield 2
+    step = max(2, start // 100)
+    while True:
+        yield 2 + step
+        step *= 2
+
+
 def largest_that_fits(fits, start: int) -> tuple[int, dict[int, bool]]:
-    """Largest b with ``fits(b)`` (monotone), probing from ``start``; and every probe."""
+    """Largest b with ``fits(b)`` (monotone), probing outwards from ``start`` and then
+    bisecting; and every probe. Exact when b fits and b + 1 was probed and did not."""
     known: dict[int, bool] = {}
 
     def probe(batch: int) -> bool:
@@ -46,16 +104,24 @@ def largest_that_fits(fits, start: int) -> tuple[int, dict[int, bool]]:
         return known[batch]
 
     start = max(1, start)
-    if probe(start):  # up: start + 1, then doubling
-        low, candidate = start, start + 1
-        while len(known) < MAX_PROBES and probe(candidate):
-            low, candidate = candidate, candidate * 2
-        high = candidate
-    else:  # down: start - 1, then halving
-        high, candidate = start, start - 1
-        while candidate >= 1 and len(known) < MAX_PROBES and not probe(candidate):
-            high, candidate = candidate, candidate // 2
-        low = max(0, candidate)
+    if probe(start):
+        low = high = start
+        for offset in _offsets(start):
+            if len(known) >= MAX_PROBES:
+                break
+            if not probe(start + offset):
+                high = start + offset
+                break
+            low = start + offset
+    else:
+        low, high = 0, start
+        for offset in _offsets(start):
+            if start - offset < 1 or len(known) >= MAX_PROBES:
+                break
+            if probe(start - offset):
+                low = start - offset
+                break
+            high = start - offset
     while high - low > 1 and len(known) < MAX_PROBES:
         middle = (low + high) // 2
         low, high = (middle, high) if probe(middle) else (low, middle)
@@ -64,10 +130,12 @@ def largest_that_fits(fits, start: int) -> tuple[int, dict[int, bool]]:
 
 def true_largest(rows: list[dict]) -> list[dict]:
     """On the GPU: the real largest batch for each predicted row (rows of one model case)."""
+    from memcalc.calibration import nvml
+
+    BEFORE_CONTEXT_BYTES[0] = nvml.device_used_bytes()
     import torch
 
     from tests.fixtures.gpu_step import CudaStep, _fresh_allocator
-    from memcalc.calibration import nvml
 
     def runs(case: GpuCase) -> tuple[bool, str]:
         step = None
@@ -87,7 +155,11 @@ def true_largest(rows: list[dict]) -> list[dict]:
     first = rows[0]
     warm = GpuCase(first["model"], tuple(first["sample_shape"]), 1, first["precision"])
     runs(warm)
-    outside = nvml.process_used_bytes() - torch.cuda.memory_reserved()
+    process_bytes = nvml.process_used_bytes()
+    if process_bytes is None:  # NVML hides process ids here: this process's share of the device
+        free, _ = torch.cuda.mem_get_info()
+        process_bytes = nvml.device_total_bytes() - free - BEFORE_CONTEXT_BYTES[0]
+    outside = process_bytes - torch.cuda.memory_reserved()
     total = torch.cuda.get_device_properties(0).total_memory
     driver_reserved = nvml.device_total_bytes() - total
     results = []
@@ -107,7 +179,8 @@ def true_largest(rows: list[dict]) -> list[dict]:
             return ok
 
         largest, probes = largest_that_fits(fits, row["predicted"])
-        results.append(row | {"true": largest, "probes": {str(k): v for k, v in probes.items()},
+        results.append(row | {"true": largest, "exact": probes.get(largest + 1) is False,
+                              "probes": {str(k): v for k, v in probes.items()},
                               "outside_bytes": outside, "allowed_reserved_bytes": allowed,
                               "failure": messages.get(largest + 1, "")})
     torch.cuda.set_per_process_memory_fraction(1.0)

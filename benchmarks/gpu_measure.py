@@ -25,13 +25,14 @@ from pathlib import Path
 from tests.fixtures.gpu_cases import GpuCase, case_from_dict, step_cases
 
 CHILD_TIMEOUT_S = 300
+PROCESS_FLOOR_BYTES = 2 << 30  # a CUDA context with cuBLAS and cuDNN loaded, with room
 
 
 def _child(args: argparse.Namespace) -> None:
     """Runs inside a fresh process: one job, results as JSON lines."""
     import torch  # noqa: F401  (CUDA is initialised by the first case)
 
-    from benchmarks import gpu_step
+    from tests.fixtures import gpu_step
     from memcalc.calibration import environment
 
     job = json.loads(Path(args.child).read_text())
@@ -92,19 +93,29 @@ def timing_cases(only: str | None) -> list[GpuCase]:
 
 
 def _largest_jobs(path: str) -> list[dict]:
-    """One job per predicted row (model case and card), smallest cards first."""
-    rows = sorted(json.loads(Path(path).read_text()), key=lambda row: row["capacity_bytes"])
-    return [{"kind": "largest", "cases": [], "rows": [row]} for row in rows]
+    """One job per predicted row (model case and card), largest cards first (the slowest
+    searches; smaller cards fill the device beside them)."""
+    rows = sorted(json.loads(Path(path).read_text()), key=lambda row: -row["capacity_bytes"])
+    return [{"kind": "largest", "cases": [], "rows": [row], "bytes": row["capacity_bytes"]}
+            for row in rows]
 
 
 def _run_jobs(jobs: list[dict], workdir: Path, parallel: int, deadline: float,
-              first_index: int = 0) -> list[Path]:
-    """Start jobs ``parallel`` at a time, each in a fresh interpreter; their output files."""
+              first_index: int = 0, device_bytes: int | None = None) -> list[Path]:
+    """Start jobs ``parallel`` at a time, each in a fresh interpreter; their output files.
+    With ``device_bytes``, a job's ``bytes`` (its emulated card) must fit beside the running
+    ones: the next job that fits starts, in order."""
     pending = list(enumerate(jobs, start=first_index))
     running, outputs = [], []
     while pending or running:
         while pending and len(running) < parallel and time.time() < deadline:
-            index, job = pending.pop(0)
+            held = sum(job.get("bytes", 0) for _, _, job in running)
+            fitting = [item for item in pending if device_bytes is None
+                       or held + item[1].get("bytes", 0) <= device_bytes]
+            if not fitting:
+                break
+            pending.remove(fitting[0])
+            index, job = fitting[0]
             spec = workdir / f"job{index}.json"
             out = Path(job["out"]) if "out" in job else workdir / f"job{index}.jsonl"
             spec.write_text(json.dumps(job))
@@ -113,7 +124,7 @@ def _run_jobs(jobs: list[dict], workdir: Path, parallel: int, deadline: float,
             running.append((process, time.time(), job))
             if out not in outputs:
                 outputs.append(out)
-        if not pending or time.time() >= deadline:
+        if time.time() >= deadline:
             pending = []
         for item in list(running):
             process, started, job = item
@@ -188,10 +199,14 @@ def main(argv: list[str] | None = None) -> None:
             outputs += _run_jobs([{"kind": "timing", "cases": rows}], workdir, 1,
                                  start + args.budget_s, first_index=len(outputs))
         if "largest" in parts:  # one file, appended job by job: kept if the run is cut off
-            jobs = [job | {"out": str(args.out / "largest.jsonl"), "timeout_s": 150}
+            jobs = [job | {"out": str(args.out / "largest.jsonl"), "timeout_s": float(os.environ.get("MEMCALC_LARGEST_JOB_S", 150))}
                     for job in _largest_jobs(args.largest)]
-            outputs += _run_jobs(jobs, workdir, 1, start + args.budget_s,
-                                 first_index=len(outputs))
+            # several emulated cards at once where the device holds them all, each with
+            # room for its process's context and libraries
+            room = baseline["device_total_bytes"] - baseline["device_used_bytes"]
+            outputs += _run_jobs([job | {"bytes": job["bytes"] + PROCESS_FLOOR_BYTES}
+                                  for job in jobs], workdir, args.jobs, start + args.budget_s,
+                                 first_index=len(outputs), device_bytes=room)
         measured = _collect(outputs, args.out, baseline)
     print(f"{len(measured['steps'])} steps, {len(measured['timing'])} timings, "
           f"{len(measured['errors'])} errors in {time.time() - start:.0f} s", flush=True)
