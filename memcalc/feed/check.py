@@ -28,6 +28,7 @@ from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
 COST_BATCHES = 6
+BUILD_ROUNDS = 3
 """Batches timed for each of the main process's own costs (after one warm-up batch)."""
 
 
@@ -50,26 +51,34 @@ CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(_spin, 1.0)}
 
 class MainCosts(NamedTuple):
     build_s: float
-    """Building one batch in the main process (0 workers): the median over COST_BATCHES."""
+    """Building one batch in the main process (0 workers): the median of BUILD_ROUNDS
+    rounds' medians over COST_BATCHES."""
     receive_s: float
     """Taking one batch a worker has ready, the one before freed: the median."""
 
 
 def main_process_costs(dataset, batch_size: int, worker_batch_s: float) -> MainCosts:
-    """The main process's own time per batch, each timed alone (no step): building batches
-    itself, then taking them from one worker, waiting twice the longer build time before
-    each so that the batch is ready and the worker idle."""
-    build = _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=0), 0.0)
+    """The main process's own time per batch, each timed alone (no step) after a warm-up:
+    building batches itself (the median of ``BUILD_ROUNDS`` separate rounds, so that one
+    disturbed round cannot move every 0-worker prediction), then taking them from one worker,
+    waiting twice the longer build time before each so that the batch is ready and the worker
+    idle."""
+    build = statistics.median(
+        _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=0), 0.0)
+        for _ in range(BUILD_ROUNDS))
     wait_s = 2 * max(build, worker_batch_s) + 0.005
     receive = _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=1), wait_s)
     return MainCosts(build, receive)
 
 
 def _median_next(loader: DataLoader, wait_s: float) -> float:
-    """Median time of ``next`` on the loader, less this process's waits for a CPU (from
-    ``/proc/PID/schedstat``, as the probe does for the worker): its time with a core to
-    itself, which the model shares out with the load measured during each run."""
+    """Median time of ``next`` on the loader after WARMUP_BATCHES untimed ones (a fresh
+    process's first batches of numpy or Pillow work run slower), less this process's waits
+    for a CPU (from ``/proc/PID/schedstat``, as the probe does for the worker): its time with
+    a core to itself, which the model shares out with the load measured during each run."""
     iterator, thread = iter(loader), threading.get_native_id()
+    for _ in range(WARMUP_BATCHES):
+        next(iterator)
     batch, times = next(iterator), []
     for _ in range(COST_BATCHES):
         time.sleep(wait_s)
@@ -145,11 +154,13 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
     if consumer not in CONSUMERS:
         raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
     dataset = load_dataset(reference)
-    needed = max(WARMUP_BATCHES + max(worker_counts) + batches, 1 + COST_BATCHES) * batch_size
+    needed = max(WARMUP_BATCHES + max(worker_counts) + batches,
+                 WARMUP_BATCHES + 1 + COST_BATCHES) * batch_size
     if len(dataset) < needed:
         raise InputError(f"dataset {reference!r} has {len(dataset)} samples; the check needs "
                          f"{needed} ((warm-up + largest --workers + --batches) × batch size, at "
-                         f"least {1 + COST_BATCHES} batches); lower --batches or --workers")
+                         f"least {WARMUP_BATCHES + 1 + COST_BATCHES} batches); lower --batches "
+                         "or --workers")
     costs = main_process_costs(dataset, batch_size, seconds_per_sample * batch_size)
     tick_s, tick_source = scheduler_tick_s()
     rows = []
