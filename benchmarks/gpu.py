@@ -100,7 +100,7 @@ def report_lines() -> list[str]:
 
 def largest_rows() -> list[tuple[dict, int]]:
     """Each measured largest batch with memcalc's plan for the same allocator budget."""
-    from benchmarks.gpu_largest import planned_in_measured_budget
+    from tests.fixtures.gpu_budget import planned_in_measured_budget
 
     return [(row, planned_in_measured_budget(row)) for row in gpu_data.largest()["rows"]]
 

@@ -15,7 +15,6 @@ import time
 
 from tests.fixtures.gpu_cases import EMULATED_CARDS, LARGEST_BATCH_CASES, GpuCase
 from tests.fixtures.gpu_data import spec_of
-from memcalc.device.env_profile import resolve_profile
 
 MAX_PROBES = 24
 BEFORE_CONTEXT_BYTES = [0]  # the device's used bytes before this process made a context
@@ -36,50 +35,6 @@ def predicted_largest() -> list[dict]:
                          "card": card, "capacity_bytes": capacity,
                          "predicted": plan.max_batch_size if plan else 0})
     return rows
-
-
-def outside_allocator_bytes(case: GpuCase) -> int:
-    """What memcalc puts outside the caching allocator for this step: its context and
-    libraries, and the profile's driver reservation."""
-    from memcalc.pipeline import estimate
-
-    first = estimate(spec_of(case, batch_size=1)).device
-    return first.context_bytes + resolve_profile(spec_of(case).env_profile, None).driver_reserved_bytes
-
-
-def planned_in_measured_budget(row: dict) -> int:
-    """memcalc's planned largest batch when its allocator may reserve what the real run's
-    could (``allowed_reserved_bytes``): the card given as that much plus what memcalc puts
-    outside the allocator (its context and libraries, the profile's driver reservation), so
-    the comparison is of the step and the allocator, not of a machine's fixed floor."""
-    from memcalc.pipeline import estimate
-
-    case = GpuCase(row["model"], tuple(row["sample_shape"]), 1, row["precision"])
-    spec = spec_of(case, batch_size=None, headroom_fraction=0.0,
-                   gpu_memory_bytes=row["allowed_reserved_bytes"] + outside_allocator_bytes(case))
-    plan = estimate(spec).device.plan
-    return plan.max_batch_size if plan else 0
-
-
-def runs_in_measured_budget(row: dict, batches: list[int]) -> dict[int, bool]:
-    """memcalc's verdict at each batch, for the real run's allocator budget: one trace per
-    batch, replayed with that budget as the allocator's limit (no plan search)."""
-    from memcalc.device.estimate import DeviceTarget, traced_device_report
-    from memcalc.pipeline import _prepare
-
-    case = GpuCase(row["model"], tuple(row["sample_shape"]), max(batches), row["precision"])
-    prepared = _prepare(spec_of(case), None)
-    base = prepared.target
-    verdicts = {}
-    for batch in batches:
-        free = prepared.device_report(batch)
-        assert free.method == "traced", f"{case.name}: not traced at batch {batch}"
-        outside = free.context_bytes + base.profile.driver_reserved_bytes
-        target = DeviceTarget(base.spec, base.gpu, base.profile,
-                              row["allowed_reserved_bytes"] + outside, 0)
-        verdicts[batch] = bool(traced_device_report(target, batch,
-                                                    prepared.traces[batch]).runs_at_capacity)
-    return verdicts
 
 
 def _offsets(start: int):

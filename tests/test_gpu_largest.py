@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.gpu_largest import runs_in_measured_budget
+from tests.fixtures.gpu_budget import runs_in_measured_budget
 from tests.fixtures import gpu_data
 
 ROWS = {(row["model"], row["precision"], row["card"]): row for row in gpu_data.largest()["rows"]}
