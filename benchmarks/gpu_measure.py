@@ -7,6 +7,14 @@ cudnn.benchmark setting), several at a time: allocator figures are per process, 
 are read for the process's own id. Timings run alone afterwards. Writes ``measured.json``
 (environment, floor, one row per step), ``details.jsonl.gz`` (every cuDNN call and the
 allocator's history per step) and ``timing.json``.
+
+    python -m benchmarks.gpu_measure --parts largest --largest FILE --out DIR --jobs 4
+
+searches the true largest batch of each row of FILE (``benchmarks.gpu_largest.
+predicted_largest()`` as JSON) on its emulated card, one fresh process per row, several side
+by side where the device holds their cards together; each search stops after
+``MEMCALC_LARGEST_JOB_S`` seconds (150). Rows go to ``DIR/largest.jsonl`` as they finish
+(``benchmarks/gpu_data/h200-largest.json`` holds the H200 run).
 """
 
 from __future__ import annotations
