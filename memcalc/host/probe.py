@@ -120,9 +120,10 @@ def _median_interval(times: list[float]) -> float:
 
 def _median_core_interval(times: list[float], cpu: list[tuple[float, float]]) -> float:
     """Median time between batches with a core to itself: each interval less what the worker
-    waited for a CPU over it, and never less than the CPU time it ran (a wait the kernel
-    counts twice, as under a CPU quota, must not make a batch cost less than its work)."""
-    steps = [max(b - a - (wait_b - wait_a), run_b - run_a)
+    waited for a CPU over it, never less than the CPU time it ran (a wait the kernel counts
+    twice, as under a CPU quota, must not make a batch cost less than its work) and never more
+    than the interval itself (the CPU times are read just after each arrival)."""
+    steps = [min(b - a, max(b - a - (wait_b - wait_a), run_b - run_a))
              for (a, b), ((run_a, wait_a), (run_b, wait_b))
              in zip(itertools.pairwise(times), itertools.pairwise(cpu))]
     return statistics.median(steps or [0.0])
