@@ -17,7 +17,6 @@ from tests.fixtures.gpu_cases import EMULATED_CARDS, LARGEST_BATCH_CASES, GpuCas
 from tests.fixtures.gpu_data import spec_of
 
 MAX_PROBES = 24
-BEFORE_CONTEXT_BYTES = [0]  # the device's used bytes before this process made a context
 
 
 def predicted_largest() -> list[dict]:
@@ -87,7 +86,7 @@ def true_largest(rows: list[dict]) -> list[dict]:
     """On the GPU: the real largest batch for each predicted row (rows of one model case)."""
     from memcalc.calibration import nvml
 
-    BEFORE_CONTEXT_BYTES[0] = nvml.device_used_bytes()
+    before_context = nvml.device_used_bytes()   # before this process makes a CUDA context
     import torch
 
     from tests.fixtures.gpu_step import CudaStep, _fresh_allocator
@@ -113,7 +112,7 @@ def true_largest(rows: list[dict]) -> list[dict]:
     process_bytes = nvml.process_used_bytes()
     if process_bytes is None:  # NVML hides process ids here: this process's share of the device
         free, _ = torch.cuda.mem_get_info()
-        process_bytes = nvml.device_total_bytes() - free - BEFORE_CONTEXT_BYTES[0]
+        process_bytes = nvml.device_total_bytes() - free - before_context
     outside = process_bytes - torch.cuda.memory_reserved()
     total = torch.cuda.get_device_properties(0).total_memory
     driver_reserved = nvml.device_total_bytes() - total

@@ -104,8 +104,9 @@ def _largest_jobs(path: str) -> list[dict]:
     """One job per predicted row (model case and card), largest cards first (the slowest
     searches; smaller cards fill the device beside them)."""
     rows = sorted(json.loads(Path(path).read_text()), key=lambda row: -row["capacity_bytes"])
-    return [{"kind": "largest", "cases": [], "rows": [row], "bytes": row["capacity_bytes"]}
-            for row in rows]
+    # "bytes": the emulated card with room for its process's context and libraries
+    return [{"kind": "largest", "cases": [], "rows": [row],
+             "bytes": row["capacity_bytes"] + PROCESS_FLOOR_BYTES} for row in rows]
 
 
 def _run_jobs(jobs: list[dict], workdir: Path, parallel: int, deadline: float,
@@ -207,13 +208,12 @@ def main(argv: list[str] | None = None) -> None:
             outputs += _run_jobs([{"kind": "timing", "cases": rows}], workdir, 1,
                                  start + args.budget_s, first_index=len(outputs))
         if "largest" in parts:  # one file, appended job by job: kept if the run is cut off
-            jobs = [job | {"out": str(args.out / "largest.jsonl"), "timeout_s": float(os.environ.get("MEMCALC_LARGEST_JOB_S", 150))}
+            limit_s = float(os.environ.get("MEMCALC_LARGEST_JOB_S", 150))
+            jobs = [job | {"out": str(args.out / "largest.jsonl"), "timeout_s": limit_s}
                     for job in _largest_jobs(args.largest)]
-            # several emulated cards at once where the device holds them all, each with
-            # room for its process's context and libraries
+            # several emulated cards at once where the device holds them all
             room = baseline["device_total_bytes"] - baseline["device_used_bytes"]
-            outputs += _run_jobs([job | {"bytes": job["bytes"] + PROCESS_FLOOR_BYTES}
-                                  for job in jobs], workdir, args.jobs, start + args.budget_s,
+            outputs += _run_jobs(jobs, workdir, args.jobs, start + args.budget_s,
                                  first_index=len(outputs), device_bytes=room)
         measured = _collect(outputs, args.out, baseline)
     print(f"{len(measured['steps'])} steps, {len(measured['timing'])} timings, "

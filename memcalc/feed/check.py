@@ -28,8 +28,9 @@ from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
 COST_BATCHES = 6
+"""Batches timed for each of the main process's own costs (after WARMUP_BATCHES + 1 untimed)."""
 BUILD_ROUNDS = 3
-"""Batches timed for each of the main process's own costs (after one warm-up batch)."""
+"""Separate rounds of COST_BATCHES whose median is the main process's build time."""
 
 
 def _spin(seconds: float) -> None:

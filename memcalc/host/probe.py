@@ -98,7 +98,8 @@ class _WorkerWatch:
         return peak
 
 
-def _timed_arrivals(batches, seconds: float, worker_pid: int):
+def _timed_arrivals(batches, seconds: float, worker_pid: int
+                    ) -> tuple[list[float], list[tuple[float, float]]]:
     """Arrival times of up to TIMING_BATCHES more batches, nothing else running beside them
     (empty at the dataset's end), and the worker's (seconds run, seconds waited for a CPU)
     so far at each arrival (empty where the kernel does not say)."""
@@ -203,7 +204,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     watch.thread.join()
     emit("timing", batches=TIMING_BATCHES)
     timed, cpu = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
-                                   shared_pid.value)
+                                 shared_pid.value)
     del batches, loader
     if len(timed) <= 3:     # the dataset ended: the memory phase's arrivals, sampler and all
         timed, cpu = arrivals[1:], []
