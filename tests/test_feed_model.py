@@ -44,24 +44,42 @@ def test_the_main_process_takes_each_batch_between_steps():
     # the 2 cores, two workers (40 ms a batch) the rest: u = (2 − 1.25u)·0.5, u = 1/1.625
     assert utilization(2, 0.02, 0.04, cpus=2, receive_s=0.005) == pytest.approx(1 / 1.625)
     # a sleeping main process uses only the receiving: u = (2 − 0.25u)·0.5, u = 1/1.125,
-    # above the serial bound 0.02/0.025 = 0.8, which holds
+    # above the serial bound, which holds: each 40 ms build outlasts the time between
+    # batches, so both workers are building at each receive and the receive shares a core,
+    # 0.02 / (0.02 + 2 × 0.005) = 2/3
     assert utilization(2, 0.02, 0.04, cpus=2, main_busy=0, receive_s=0.005) == \
+        pytest.approx(2 / 3)
+    # with 4 cores a core is idle at each receive: 0.02 / 0.025
+    assert utilization(2, 0.02, 0.04, cpus=4, main_busy=0, receive_s=0.005) == \
         pytest.approx(0.8)
 
 
 def test_a_sleeping_main_process_waits_for_a_core_when_workers_keep_every_core_busy():
     # 12 ms step, 1.2 ms receive, 22.8 ms a batch per worker, 2 workers on 2 cores, a 2 ms wait
-    # at a wake-up that finds no idle core: the workers use 1.9u cores, so a share 1.9u − 1 of
-    # wake-ups wait, and u = 12 / (12 + 1.2 + 2 (1.9u − 1)) = 12 / (11.2 + 3.8u)
-    solved = (-11.2 + math.sqrt(11.2 ** 2 + 4 * 3.8 * 12)) / (2 * 3.8)
-    assert utilization(2, 0.012, 0.0228, cpus=2, main_busy=0, receive_s=0.0012,
-                       wake_wait_s=0.002) == pytest.approx(solved)
+    # at a wake-up that finds no idle core. Batches come every 12 / u ms, less than a build
+    # (u > 12 / 22.8), so at each receive the worker sent an index a batch earlier is still
+    # building beside the one sent the next: no idle core, the wake waits 2 ms and the receive
+    # shares a core (1.2 ms more): u = 12 / (12 + 1.2 + 2 + 1.2)
     costs = {"step_s": 0.012, "load_s": 0.0228, "cpus": 2, "receive_s": 0.0012}
+    assert utilization(2, main_busy=0, wake_wait_s=0.002, **costs) == \
+        pytest.approx(12 / 16.4)
     # a spinning process never sleeps; one worker on two cores always leaves a core idle
     assert utilization(2, main_busy=1, wake_wait_s=0.002, **costs) == \
         utilization(2, main_busy=1, **costs)
     assert utilization(1, main_busy=0, wake_wait_s=0.002, **costs) == \
         utilization(1, main_busy=0, **costs)
+
+
+def test_builds_shorter_than_the_time_between_batches_leave_a_core_idle_at_each_receive():
+    # 20 ms step, 2.7 ms receive, 18.7 ms a build: batches every 22.7 ms, so each worker has
+    # finished before the next receive; only the one sent the next index is building
+    costs = {"step_s": 0.020, "load_s": 0.0187, "cpus": 2, "receive_s": 0.0027}
+    assert utilization(2, main_busy=0, wake_wait_s=0.002, **costs) == \
+        pytest.approx(20 / 22.7)
+    # a build a little longer than that keeps both workers busy at each receive:
+    # u = 20 / (20 + 2.7 + 2 + 2.7), and 20 / u = 27.4 ms is still shorter than the build
+    assert utilization(2, main_busy=0, wake_wait_s=0.002, **{**costs, "load_s": 0.030}) == \
+        pytest.approx(20 / 27.4)
 
 
 def test_without_workers_the_main_process_builds_at_its_own_speed():

@@ -5,8 +5,7 @@ import os
 import pytest
 
 from memcalc.errors import InputError
-from memcalc.host.machine import (DEFAULT_SCHEDULER_HZ, detect_machine, machine_from_options,
-                                  scheduler_tick_s)
+from memcalc.host.machine import detect_machine, machine_from_options
 from memcalc.host.specs import MachineSpec
 
 GIB = 1 << 30
@@ -76,20 +75,3 @@ def test_given_ram_assumes_linux_default_shm():
 def test_bad_machine_options_name_the_problem(options, message):
     with pytest.raises(InputError, match=message):
         machine_from_options(*options)
-
-
-def test_the_scheduler_tick_is_read_from_the_kernel_config(tmp_path):
-    import gzip
-    boot = tmp_path / "boot" / f"config-{os.uname().release}"
-    boot.parent.mkdir()
-    boot.write_text("CONFIG_HZ_1000=y\nCONFIG_HZ=1000\n")
-    assert scheduler_tick_s(tmp_path) == (0.001, f"CONFIG_HZ=1000 ({boot})")
-    (tmp_path / "proc").mkdir()
-    with gzip.open(tmp_path / "proc/config.gz", "wt") as config:    # the running kernel's own
-        config.write("# CONFIG_HZ_1000 is not set\nCONFIG_HZ=250\n")
-    assert scheduler_tick_s(tmp_path)[0] == 1 / 250
-    (tmp_path / "proc/config.gz").write_bytes(b"not gzip")
-    boot.unlink()
-    assert scheduler_tick_s(tmp_path) == (1 / DEFAULT_SCHEDULER_HZ,
-                                          f"{DEFAULT_SCHEDULER_HZ} Hz assumed (kernel config "
-                                          "unreadable)")

@@ -23,7 +23,8 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import utilization
-from memcalc.host.machine import OtherLoad, cpu_wait_seconds, scheduler_tick_s
+from memcalc.host.machine import OtherLoad, cpu_wait_seconds
+from memcalc.host.wake_latency import wake_wait_s
 from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
@@ -124,8 +125,9 @@ class FeedCheck(BaseModel):
     receive_s: float = 0.0
     """The main process's time to take a ready batch from a worker."""
     wake_wait_s: float = 0.0
-    """What a sleeping step waits for a core when it wakes to every core busy: half the
-    kernel's scheduler tick (``wake_wait_source`` says where the tick was read)."""
+    """What a sleeping step waits for a core when it wakes to every core busy, measured on
+    this machine before the runs (``memcalc.host.wake_latency``; ``wake_wait_source`` says
+    how)."""
     wake_wait_source: str = ""
 
 
@@ -163,7 +165,7 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
                          f"least {WARMUP_BATCHES + 1 + COST_BATCHES} batches); lower --batches "
                          "or --workers")
     costs = main_process_costs(dataset, batch_size, seconds_per_sample * batch_size)
-    tick_s, tick_source = scheduler_tick_s()
+    wake_s, wake_source = wake_wait_s(cpus) if consumer == "sleep" else (0.0, "")
     rows = []
     for workers in worker_counts:
         measured, others = measured_utilization(dataset, batch_size, workers, step_s, batches,
@@ -174,10 +176,10 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
                 workers, step_s, seconds_per_sample * batch_size, cpus,
                 main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=others,
                 receive_s=costs.receive_s, main_load_s=costs.build_s,
-                wake_wait_s=tick_s / 2)))
+                wake_wait_s=wake_s)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
                      seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
                      rows=rows, main_build_s=costs.build_s, receive_s=costs.receive_s,
-                     wake_wait_s=tick_s / 2, wake_wait_source=tick_source)
+                     wake_wait_s=wake_s, wake_wait_source=wake_source)

@@ -16,23 +16,30 @@ launches, then CUDA's default synchronisation spins while the GPU works:
 consumer that sleeps. It takes its cores first: measured on 2 cores, workers got what it left
 rather than an equal share beside it (the scheduler runs a process waking from a wait for its
 batch ahead of the workers, and batches are taken in order, so a worker that falls behind
-holds up the others). With u the GPU-busy share:
+holds up the others). With u the GPU-busy share and T = step / u the time between batches:
 
     main(u)        = u × (main_busy × step + receive) / step   cores the training process uses
     workers(u)     = min(W, A − main(u))                        cores left to the W workers
-    busy(u)        = clamp(min(workers(u), u × build / step) − (A − 1), 0, 1)
+    building(u)    = min(W, ⌈build / T⌉)                       workers building at a receive
+    busy(u)        = clamp(building(u) − (A − 1), 0, 1)
     utilisation(0) = step / (step + main_load / min(1, A) + pin)
     utilisation(W) = u solving u = min(1, workers(u) × step / build,
-                                       step / (step + receive + (1 − main_busy) × wake × busy(u)),
+                                       step / (step + receive
+                                               + (1 − main_busy) × (wake + receive) × busy(u)),
                                        step / pin)
 
-``wake`` is what a training process that sleeps through the step (``main_busy`` 0; a GPU job
-with blocking synchronisation) waits for a core when its timer fires while every core runs a
-worker, ``busy(u)`` the share of wake-ups that find no idle core: a CPU-bound worker is
-switched out at a scheduler tick, so on average half a tick (``memcalc.host.machine``'s
-``scheduler_tick_s``: 2 ms at this kernel's 250 Hz). Measured on 2 cores with two workers kept
-busy, each step took 1.4-3.2 ms longer than the step and the receive alone. A spinning process
-never sleeps and waits for nothing.
+``building`` follows the batches' rhythm: the training process sends the next index to a
+worker when it takes a batch, so at each receive that worker starts a build, and the one sent
+an index a batch earlier is still building when a build takes longer than T. A training
+process that sleeps through the step (``main_busy`` 0; a GPU job with blocking
+synchronisation) then finds no idle core (``busy``): it waits for one when its timer fires
+(``wake``: a CPU-bound worker is switched out at a scheduler tick, so on average half a tick,
+``memcalc.host.machine``'s ``scheduler_tick_s``: 2 ms at this kernel's 250 Hz), and takes the
+batch sharing a core with a worker, which doubles the receive. Measured on 2 cores, two
+workers and a sleeping step: the training process waited for a CPU 4.7-5.2 ms a batch against
+a 4.4 ms receive (3D volumes, builds longer than T), 2.3-2.8 ms against 2.4 ms (JPEG), and
+0.2-0.5 ms where builds were shorter than T (slice stacks). A spinning process never sleeps
+and waits for nothing.
 """
 
 from __future__ import annotations
@@ -100,23 +107,27 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
     the cores other processes use meanwhile; ``receive_s`` the training process's time to
     take a ready batch from a worker; ``main_load_s`` its own time to build one (0 workers),
     ``load_s`` when not given; ``wake_wait_s`` what a training process that sleeps through
-    the step waits for a core when it wakes to every core running a worker."""
+    the step waits for a core when it wakes to every core running a worker (it then also
+    takes the batch sharing a core with a worker)."""
     available = max(MIN_AVAILABLE_CPUS, cpus - other_busy_cpus)
     if workers == 0:
         build_s = (load_s if main_load_s is None else main_load_s) / cpu_share(1, available)
         return step_s / (step_s + build_s + pin_s)
     main_per_step = (main_busy * step_s + receive_s) / step_s
     pinning = [step_s / pin_s] if pin_s else []
-    sleeping_wait = (1 - main_busy) * wake_wait_s
+    sleeping_wait = (1 - main_busy) * (wake_wait_s + receive_s)
 
     def sustained(busy: float) -> float:
         cores = min(workers, max(0.0, available - main_per_step * busy))
-        # the share of wake-ups that find no idle core: the workers' use beyond all but one
-        no_idle_core = min(1.0, max(0.0, min(cores, busy * load_s / step_s) - available + 1))
+        # workers building when a batch is taken: the one sent the next index, and those sent
+        # one a batch (step / busy) or more earlier whose build lasts longer than that
+        building = min(workers, math.ceil(busy * load_s / step_s - 1e-9)) if busy > 0 else 0
+        no_idle_core = min(1.0, max(0.0, building - available + 1))
         serial = step_s / (step_s + receive_s + sleeping_wait * no_idle_core)
         return min([1.0, cores * step_s / load_s, serial, *pinning])
 
-    # sustained() falls as the GPU-busy share rises (a busier main process takes more CPU):
+    # sustained() falls as the GPU-busy share rises (a busier main process takes more CPU,
+    # and more workers are building at each receive):
     # the one fixed point lies between 0 and 1
     if sustained(1.0) >= 1.0:
         return 1.0

@@ -133,30 +133,6 @@ def other_busy_cpus(seconds: float) -> float:
     return load.busy_cpus
 
 
-DEFAULT_SCHEDULER_HZ = 250
-"""The scheduler tick rate assumed where the kernel's configuration cannot be read (Debian's
-and older Ubuntu kernels; Red Hat's and newer Ubuntu ones run 1000)."""
-
-
-def scheduler_tick_s(base: Path = Path("/")) -> tuple[float, str]:
-    """The kernel's scheduler tick (``CONFIG_HZ``, from ``/proc/config.gz`` or
-    ``/boot/config-RELEASE``) and where it was read; ``DEFAULT_SCHEDULER_HZ`` where neither is."""
-    import gzip
-    import re
-
-    sources = [(base / "proc/config.gz", gzip.open),
-               (base / "boot" / f"config-{os.uname().release}", open)]
-    for path, opener in sources:
-        try:
-            with opener(path, "rt") as config:
-                found = re.search(r"^CONFIG_HZ=(\d+)$", config.read(), re.MULTILINE)
-        except (OSError, EOFError, ValueError):
-            continue
-        if found and int(found.group(1)) > 0:
-            return 1 / int(found.group(1)), f"CONFIG_HZ={found.group(1)} ({path})"
-    return 1 / DEFAULT_SCHEDULER_HZ, f"{DEFAULT_SCHEDULER_HZ} Hz assumed (kernel config unreadable)"
-
-
 def _stat_ticks() -> tuple[int, int]:
     """All and idle (idle + iowait) CPU ticks since boot, from ``/proc/stat``."""
     with open("/proc/stat") as stat:

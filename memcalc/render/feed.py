@@ -37,7 +37,7 @@ def feed_renderable(check: FeedCheck) -> Group:
                         f"ms of CPU per sample (measured in a real worker), {check.cpus} CPUs, "
                         f"the step {check.consumer}s" + (
                             f" (and waits {check.wake_wait_s * 1e3:.3g} ms for a core when it "
-                            f"wakes to all busy: half a tick, {check.wake_wait_source})"
+                            f"wakes to all busy, {check.wake_wait_source})"
                             if check.consumer == "sleep" and check.wake_wait_s else ""),
                   title_justify="left")
     for column in ("num_workers", "other load", "predicted GPU busy", "measured GPU busy",
