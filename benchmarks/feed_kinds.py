@@ -30,9 +30,9 @@ LIMIT_POINTS = 10
 def main() -> None:
     cpus = detect_machine().cpus
     counts = list(range(cpus + 1))
-    lines = ["| kind | batch | step | worker sample | main build | receive | consumer | workers "
-             "| predicted | measured | difference | other load |",
-             "|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    lines = ["| kind | batch | step | worker sample | main build | receive | busy receive "
+             "| consumer | workers | predicted | measured | difference | other load |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     misses, started = [], time.perf_counter()
     for name, case in FEED_CASES.items():
         sample = measure_worker(LoaderSpec(dataset=case.reference, probe_seconds=PROBE_SECONDS),
@@ -48,7 +48,8 @@ def main() -> None:
                 lines.append(
                     f"| {name} | {case.batch_size} | {case.step_s * 1e3:.0f} ms | "
                     f"{sample.feeding_seconds_per_sample * 1e3:.2f} ms | "
-                    f"{check.main_build_s * 1e3:.1f} ms | {check.receive_s * 1e3:.1f} ms | {consumer} | "
+                    f"{check.main_build_s * 1e3:.1f} ms | {check.receive_s * 1e3:.1f} ms | "
+                    f"{check.busy_receive_s * 1e3:.1f} ms | {consumer} | "
                     f"{row.num_workers} | {row.predicted_gpu_utilization:.0%} | "
                     f"{row.measured_gpu_utilization:.0%} | {points:+.1f} | "
                     f"{row.other_busy_cpus:.2f} |")
@@ -60,7 +61,9 @@ def main() -> None:
               "predictions with workers are made from. Main build and receive: the main "
               "process's own time to build a batch (what the 0-worker prediction uses) and to "
               "take one a worker has ready (`memcalc.feed.check.main_process_costs`), each timed "
-              "alone before the runs. Measured: simulated step time × batches over the wall "
+              "alone before the runs. Busy receive: the same while that worker builds its next "
+              "batch (not in the prediction; far above the receive where the Dataset's Python "
+              "code holds the GIL that the worker's hand-over needs). Measured: simulated step time × batches over the wall "
               f"time of {BATCHES} batches after warm-up. Other load: cores other processes "
               "kept busy meanwhile (the prediction shares the CPUs with them).",
               "", f"Linux {platform.release()}, Python {platform.python_version()}, torch "

@@ -6,9 +6,12 @@ import statistics
 import time
 
 import pytest
+import torch
+from torch.utils.data import Dataset
 
 from tests.fixtures.host_datasets import SPIN_SECONDS
-from memcalc.feed.check import CONSUMERS, feed_check
+from memcalc.feed.check import (CONSUMERS, SLOW_HANDOVER_S, feed_check, main_process_costs,
+                                slow_handover_warning)
 from memcalc.host import LoaderSpec, measure_worker
 
 DATASET = "tests.fixtures.host_datasets:spin_samples"
@@ -81,3 +84,26 @@ def test_core_time_per_sample_leaves_out_waiting_for_a_cpu():
     assert measured.core_seconds_per_sample is not None
     assert 0.9 * SPIN_SECONDS <= measured.core_seconds_per_sample <= 1.5 * SPIN_SECONDS, measured
     assert measured.core_seconds_per_sample <= measured.seconds_per_sample
+
+
+def test_a_worker_whose_python_holds_the_gil_is_slow_to_hand_a_batch_over(check):
+    # the samples are a Python busy loop, which holds the GIL that the worker's thread
+    # handing over the batch's file descriptor needs
+    assert check.busy_receive_s > check.receive_s + SLOW_HANDOVER_S, check
+    assert any("set_sharing_strategy('file_system')" in w for w in check.warnings)
+
+
+class _SleepingSamples(Dataset):
+    """Each sample waits SPIN_SECONDS without the GIL, as a read from storage does."""
+
+    def __len__(self):
+        return 1000
+
+    def __getitem__(self, index):
+        time.sleep(SPIN_SECONDS)
+        return torch.full((3, 32, 32), float(index))
+
+
+def test_a_worker_that_waits_without_the_gil_hands_batches_over_at_once():
+    costs = main_process_costs(_SleepingSamples(), BATCH, BATCH * SPIN_SECONDS)
+    assert slow_handover_warning(costs) is None, costs

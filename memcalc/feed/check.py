@@ -56,41 +56,73 @@ class MainCosts(NamedTuple):
     """Building one batch in the main process (0 workers): the median of BUILD_ROUNDS
     rounds' medians over COST_BATCHES."""
     receive_s: float
-    """Taking one batch a worker has ready, the one before freed: the median."""
+    """Taking one batch a worker has ready, the one before freed, the worker idle: the median."""
+    busy_receive_s: float
+    """The same while the worker builds its next batch: the median."""
+
+
+SLOW_HANDOVER_S = 0.002
+"""A batch leaving a busy worker this much (and at least the idle receive) slower than an
+idle one's is reported: the worker's Python code holds the GIL that the hand-over needs."""
 
 
 def main_process_costs(dataset, batch_size: int, worker_batch_s: float) -> MainCosts:
     """The main process's own time per batch, each timed alone (no step) after a warm-up:
     building batches itself (the median of ``BUILD_ROUNDS`` separate rounds, so that one
     disturbed round cannot move every 0-worker prediction), then taking them from one worker,
-    waiting twice the longer build time before each so that the batch is ready and the worker
-    idle."""
+    waiting twice the longer build time first so that two batches are ready: the first is
+    taken from an idle worker, the second right after, while the worker builds the next."""
     build = statistics.median(
         _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=0), 0.0)
         for _ in range(BUILD_ROUNDS))
     wait_s = 2 * max(build, worker_batch_s) + 0.005
-    receive = _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=1), wait_s)
-    return MainCosts(build, receive)
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=1, prefetch_factor=2)
+    idle, busy = _median_next(loader, wait_s, then_at_once=True)
+    return MainCosts(build, idle, busy)
 
 
-def _median_next(loader: DataLoader, wait_s: float) -> float:
+def _median_next(loader: DataLoader, wait_s: float, then_at_once: bool = False):
     """Median time of ``next`` on the loader after WARMUP_BATCHES untimed ones (a fresh
     process's first batches of numpy or Pillow work run slower), less this process's waits
     for a CPU (from ``/proc/PID/schedstat``, as the probe does for the worker): its time with
-    a core to itself, which the model shares out with the load measured during each run."""
+    a core to itself, which the model shares out with the load measured during each run.
+    ``then_at_once``: each timed ``next`` after the wait is followed by a second one at once,
+    and the medians of both are returned."""
     iterator, thread = iter(loader), threading.get_native_id()
     for _ in range(WARMUP_BATCHES):
         next(iterator)
-    batch, times = next(iterator), []
-    for _ in range(COST_BATCHES):
-        time.sleep(wait_s)
+    batch, first, second = next(iterator), [], []
+
+    def timed() -> float:
+        nonlocal batch
         start, waited = time.perf_counter(), cpu_wait_seconds(thread)
         del batch       # freeing the previous batch is the training loop's cost too
         batch = next(iterator)
         elapsed, after = time.perf_counter() - start, cpu_wait_seconds(thread)
-        times.append(elapsed - (after - waited if None not in (waited, after) else 0.0))
+        return elapsed - (after - waited if None not in (waited, after) else 0.0)
+
+    for _ in range(COST_BATCHES):
+        time.sleep(wait_s)
+        first.append(timed())
+        if then_at_once:
+            second.append(timed())
     del batch, iterator
-    return statistics.median(times)
+    if then_at_once:
+        return statistics.median(first), statistics.median(second)
+    return statistics.median(first)
+
+
+def slow_handover_warning(costs: MainCosts) -> str | None:
+    """The warning for batches that wait for a busy worker's GIL to leave it, or None."""
+    extra = costs.busy_receive_s - costs.receive_s
+    if extra < max(SLOW_HANDOVER_S, costs.receive_s):
+        return None
+    return (f"a batch takes {costs.busy_receive_s * 1e3:.3g} ms to leave a worker that is "
+            f"building the next one, against {costs.receive_s * 1e3:.3g} ms from an idle one: "
+            "each tensor's file-descriptor hand-over needs the worker's GIL, which its Python "
+            "code holds; with a training step that keeps a core busy this can cost 10 points "
+            "of GPU time that the prediction does not count. "
+            "torch.multiprocessing.set_sharing_strategy('file_system') removes the hand-over")
 
 
 class FeedRow(BaseModel):
@@ -123,7 +155,10 @@ class FeedCheck(BaseModel):
     """The main process's time to build a batch itself (``main_process_costs``), what the
     0-worker prediction uses; None: the worker's time stood in."""
     receive_s: float = 0.0
-    """The main process's time to take a ready batch from a worker."""
+    """The main process's time to take a ready batch from an idle worker."""
+    busy_receive_s: float = 0.0
+    """The same while the worker builds its next batch (not in the prediction)."""
+    warnings: list[str] = []
     wake_wait_s: float = 0.0
     """What a sleeping step waits for a core when it wakes to every core busy, measured on
     this machine before the runs (``memcalc.host.wake_latency``; ``wake_wait_source`` says
@@ -158,12 +193,12 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
         raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
     dataset = load_dataset(reference)
     needed = max(WARMUP_BATCHES + max(worker_counts) + batches,
-                 WARMUP_BATCHES + 1 + COST_BATCHES) * batch_size
+                 WARMUP_BATCHES + 1 + 2 * COST_BATCHES) * batch_size
     if len(dataset) < needed:
         raise InputError(f"dataset {reference!r} has {len(dataset)} samples; the check needs "
                          f"{needed} ((warm-up + largest --workers + --batches) × batch size, at "
-                         f"least {WARMUP_BATCHES + 1 + COST_BATCHES} batches); lower --batches "
-                         "or --workers")
+                         f"least {WARMUP_BATCHES + 1 + 2 * COST_BATCHES} batches); lower "
+                         "--batches or --workers")
     costs = main_process_costs(dataset, batch_size, seconds_per_sample * batch_size)
     wake_s, wake_source = wake_wait_s(cpus) if consumer == "sleep" else (0.0, "")
     rows = []
@@ -182,4 +217,6 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
                      seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
                      rows=rows, main_build_s=costs.build_s, receive_s=costs.receive_s,
+                     busy_receive_s=costs.busy_receive_s,
+                     warnings=[w for w in [slow_handover_warning(costs)] if w],
                      wake_wait_s=wake_s, wake_wait_source=wake_source)

@@ -48,4 +48,7 @@ def feed_renderable(check: FeedCheck) -> Group:
                       f"{row.predicted_gpu_utilization:.0%}",
                       f"{row.measured_gpu_utilization:.0%}",
                       f"{100 * (row.predicted_gpu_utilization - row.measured_gpu_utilization):+.0f} pt")
-    return Group(table)
+    parts = [table]
+    if check.warnings:
+        parts.append(bullets("Not in the prediction", check.warnings))
+    return Group(*parts)
