@@ -10,7 +10,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tests.fixtures.host_datasets import SPIN_SECONDS
-from memcalc.feed.check import (CONSUMERS, SLOW_HANDOVER_S, feed_check, main_process_costs,
+from memcalc.feed.check import (CONSUMERS, SLOW_HANDOVER_S, feed_check, handover,
                                 slow_handover_warning)
 from memcalc.host import LoaderSpec, measure_worker
 
@@ -105,5 +105,5 @@ class _SleepingSamples(Dataset):
 
 
 def test_a_worker_that_waits_without_the_gil_hands_batches_over_at_once():
-    costs = main_process_costs(_SleepingSamples(), BATCH, BATCH * SPIN_SECONDS)
-    assert slow_handover_warning(costs) is None, costs
+    taking = handover(_SleepingSamples(), BATCH, BATCH * SPIN_SECONDS)
+    assert slow_handover_warning(taking) is None, taking

@@ -6,9 +6,9 @@ measured (``host.machine.OtherLoad``). The simulated step either sleeps (a proce
 without using a core) or spins for the step time (a training process whose CUDA
 synchronisation spin-waits, the default).
 
-The prediction takes the worker's time per sample from the probe and measures, before the
-runs, what the main process itself spends per batch (``main_process_costs``): building one
-with no workers, and taking one a worker has ready."""
+The prediction takes the worker's time per sample from the probe and measures what the main
+process itself spends per batch: taking one a worker has ready (``handover``, before the
+runs), and building one with no workers (just before the 0-worker run, on its loader)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
 COST_BATCHES = 6
-"""Batches timed for each of the main process's own costs (after WARMUP_BATCHES + 1 untimed)."""
-BUILD_ROUNDS = 3
-"""Separate rounds of COST_BATCHES whose median is the main process's build time."""
+"""Batches timed for each hand-over from a worker (after WARMUP_BATCHES + 1 untimed)."""
+BUILD_BATCHES = 18
+"""Batches the main process builds, timed alone, right before the 0-worker run's timed ones."""
 
 
 def _spin(seconds: float) -> None:
@@ -51,14 +51,13 @@ class Consumer(NamedTuple):
 CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(_spin, 1.0)}
 
 
-class MainCosts(NamedTuple):
-    build_s: float
-    """Building one batch in the main process (0 workers): the median of BUILD_ROUNDS
-    rounds' medians over COST_BATCHES."""
+class Handover(NamedTuple):
+    """The main process's time to take a batch from a worker, the one before freed."""
+
     receive_s: float
-    """Taking one batch a worker has ready, the one before freed, the worker idle: the median."""
+    """From an idle worker: the median."""
     busy_receive_s: float
-    """The same while the worker builds its next batch: the median."""
+    """From a worker that is building its next batch: the median."""
 
 
 SLOW_HANDOVER_S = 0.002
@@ -66,59 +65,41 @@ SLOW_HANDOVER_S = 0.002
 idle one's is reported: the worker's Python code holds the GIL that the hand-over needs."""
 
 
-def main_process_costs(dataset, batch_size: int, worker_batch_s: float) -> MainCosts:
-    """The main process's own time per batch, each timed alone (no step) after a warm-up:
-    building batches itself (the median of ``BUILD_ROUNDS`` separate rounds, so that one
-    disturbed round cannot move every 0-worker prediction), then taking them from one worker,
-    waiting twice the longer build time first so that two batches are ready: the first is
-    taken from an idle worker, the second right after, while the worker builds the next."""
-    build = statistics.median(
-        _median_next(DataLoader(dataset, batch_size=batch_size, num_workers=0), 0.0)
-        for _ in range(BUILD_ROUNDS))
-    wait_s = 2 * max(build, worker_batch_s) + 0.005
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=1, prefetch_factor=2)
-    idle, busy = _median_next(loader, wait_s, then_at_once=True)
-    return MainCosts(build, idle, busy)
+def _core_seconds(action: Callable[[], object]) -> float:
+    """Wall time of ``action()`` less this thread's waits for a CPU meanwhile (from
+    ``/proc/PID/schedstat``, as the probe does for the worker): its time with a core to
+    itself, which the model shares out with the load measured during each run. What it
+    returns is dropped inside the timing: freeing a batch is the training loop's cost too."""
+    thread = threading.get_native_id()
+    start, waited = time.perf_counter(), cpu_wait_seconds(thread)
+    action()
+    elapsed, after = time.perf_counter() - start, cpu_wait_seconds(thread)
+    return elapsed - (after - waited if None not in (waited, after) else 0.0)
 
 
-def _median_next(loader: DataLoader, wait_s: float, then_at_once: bool = False):
-    """Median time of ``next`` on the loader after WARMUP_BATCHES untimed ones (a fresh
-    process's first batches of numpy or Pillow work run slower), less this process's waits
-    for a CPU (from ``/proc/PID/schedstat``, as the probe does for the worker): its time with
-    a core to itself, which the model shares out with the load measured during each run.
-    ``then_at_once``: each timed ``next`` after the wait is followed by a second one at once,
-    and the medians of both are returned."""
-    iterator, thread = iter(loader), threading.get_native_id()
-    for _ in range(WARMUP_BATCHES):
+def handover(dataset, batch_size: int, worker_batch_s: float) -> Handover:
+    """Timed on one worker after WARMUP_BATCHES + 1 untimed batches, COST_BATCHES times:
+    wait three of the worker's batch times so that its two prefetched batches are ready, take
+    the first (the worker idle), then at once the second (the worker now building)."""
+    iterator = iter(DataLoader(dataset, batch_size=batch_size, num_workers=1, prefetch_factor=2))
+    for _ in range(WARMUP_BATCHES + 1):
         next(iterator)
-    batch, first, second = next(iterator), [], []
-
-    def timed() -> float:
-        nonlocal batch
-        start, waited = time.perf_counter(), cpu_wait_seconds(thread)
-        del batch       # freeing the previous batch is the training loop's cost too
-        batch = next(iterator)
-        elapsed, after = time.perf_counter() - start, cpu_wait_seconds(thread)
-        return elapsed - (after - waited if None not in (waited, after) else 0.0)
-
+    idle, busy = [], []
     for _ in range(COST_BATCHES):
-        time.sleep(wait_s)
-        first.append(timed())
-        if then_at_once:
-            second.append(timed())
-    del batch, iterator
-    if then_at_once:
-        return statistics.median(first), statistics.median(second)
-    return statistics.median(first)
+        time.sleep(3 * worker_batch_s + 0.005)
+        idle.append(_core_seconds(lambda: next(iterator)))
+        busy.append(_core_seconds(lambda: next(iterator)))
+    del iterator
+    return Handover(statistics.median(idle), statistics.median(busy))
 
 
-def slow_handover_warning(costs: MainCosts) -> str | None:
+def slow_handover_warning(taking: Handover) -> str | None:
     """The warning for batches that wait for a busy worker's GIL to leave it, or None."""
-    extra = costs.busy_receive_s - costs.receive_s
-    if extra < max(SLOW_HANDOVER_S, costs.receive_s):
+    extra = taking.busy_receive_s - taking.receive_s
+    if extra < max(SLOW_HANDOVER_S, taking.receive_s):
         return None
-    return (f"a batch takes {costs.busy_receive_s * 1e3:.3g} ms to leave a worker that is "
-            f"building the next one, against {costs.receive_s * 1e3:.3g} ms from an idle one: "
+    return (f"a batch takes {taking.busy_receive_s * 1e3:.3g} ms to leave a worker that is "
+            f"building the next one, against {taking.receive_s * 1e3:.3g} ms from an idle one: "
             "each tensor's file-descriptor hand-over needs the worker's GIL, which its Python "
             "code holds; with a training step that keeps a core busy this can cost 10 points "
             "of GPU time that the prediction does not count. "
@@ -152,8 +133,8 @@ class FeedCheck(BaseModel):
     """How the simulated step passes its time: ``sleep`` or ``spin``."""
     rows: list[FeedRow]
     main_build_s: float | None = None
-    """The main process's time to build a batch itself (``main_process_costs``), what the
-    0-worker prediction uses; None: the worker's time stood in."""
+    """The main process's time to build a batch itself, timed alone just before the 0-worker
+    run (``Run.main_build_s``), what its prediction uses; None without a 0-worker row."""
     receive_s: float = 0.0
     """The main process's time to take a ready batch from an idle worker."""
     busy_receive_s: float = 0.0
@@ -166,16 +147,29 @@ class FeedCheck(BaseModel):
     wake_wait_source: str = ""
 
 
+class Run(NamedTuple):
+    utilization: float
+    """Share of wall time the simulated GPU is busy over the timed batches."""
+    other_busy_cpus: float
+    """Cores other processes kept busy meanwhile."""
+    main_build_s: float | None
+    """With no workers: the main process's time to build a batch, the median of
+    BUILD_BATCHES timed alone (no step) on the same loader just before the timed batches,
+    so that both see the process in the same state (glibc's heap serving large arrays or
+    mapping fresh pages for them moved it between 12 and 27 ms from process to process)."""
+
+
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
-                         batches: int, consumer: str = "sleep") -> tuple[float, float]:
-    """Share of wall time the simulated GPU (one step per batch) is busy after warm-up, and
-    the cores other processes kept busy meanwhile."""
+                         batches: int, consumer: str = "sleep") -> Run:
+    """The simulated GPU (one step per batch) after warm-up, on a real DataLoader."""
     step = CONSUMERS[consumer].step
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False)
     iterator = iter(loader)
     for _ in range(WARMUP_BATCHES + workers):     # worker start-up and queue fill
         next(iterator)
         step(step_s)
+    build_s = statistics.median(_core_seconds(lambda: next(iterator))
+                                for _ in range(BUILD_BATCHES)) if workers == 0 else None
     with OtherLoad() as others:
         start = time.perf_counter()
         for _ in range(batches):
@@ -183,7 +177,7 @@ def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
             step(step_s)
         elapsed = time.perf_counter() - start
     del iterator
-    return batches * step_s / elapsed, others.busy_cpus
+    return Run(batches * step_s / elapsed, others.busy_cpus, build_s)
 
 
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
@@ -193,30 +187,32 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
         raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
     dataset = load_dataset(reference)
     needed = max(WARMUP_BATCHES + max(worker_counts) + batches,
-                 WARMUP_BATCHES + 1 + 2 * COST_BATCHES) * batch_size
+                 WARMUP_BATCHES + BUILD_BATCHES + batches if 0 in worker_counts else 0,
+                 WARMUP_BATCHES + 3 + 2 * COST_BATCHES) * batch_size
     if len(dataset) < needed:
         raise InputError(f"dataset {reference!r} has {len(dataset)} samples; the check needs "
-                         f"{needed} ((warm-up + largest --workers + --batches) × batch size, at "
-                         f"least {WARMUP_BATCHES + 1 + 2 * COST_BATCHES} batches); lower "
-                         "--batches or --workers")
-    costs = main_process_costs(dataset, batch_size, seconds_per_sample * batch_size)
+                         f"{needed} ((warm-up + largest --workers + --batches) × batch size, "
+                         f"more at 0 workers, at least {WARMUP_BATCHES + 3 + 2 * COST_BATCHES} "
+                         "batches); lower --batches or --workers")
+    taking = handover(dataset, batch_size, seconds_per_sample * batch_size)
     wake_s, wake_source = wake_wait_s(cpus) if consumer == "sleep" else (0.0, "")
-    rows = []
+    rows, main_build_s = [], None
     for workers in worker_counts:
-        measured, others = measured_utilization(dataset, batch_size, workers, step_s, batches,
-                                                consumer)
+        run = measured_utilization(dataset, batch_size, workers, step_s, batches, consumer)
+        main_build_s = run.main_build_s if workers == 0 else main_build_s
         rows.append(FeedRow(
-            num_workers=workers, measured_gpu_utilization=measured, other_busy_cpus=others,
+            num_workers=workers, measured_gpu_utilization=run.utilization,
+            other_busy_cpus=run.other_busy_cpus,
             predicted_gpu_utilization=utilization(
                 workers, step_s, seconds_per_sample * batch_size, cpus,
-                main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=others,
-                receive_s=costs.receive_s, main_load_s=costs.build_s,
+                main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=run.other_busy_cpus,
+                receive_s=taking.receive_s, main_load_s=run.main_build_s,
                 wake_wait_s=wake_s)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,
                      seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
-                     rows=rows, main_build_s=costs.build_s, receive_s=costs.receive_s,
-                     busy_receive_s=costs.busy_receive_s,
-                     warnings=[w for w in [slow_handover_warning(costs)] if w],
+                     rows=rows, main_build_s=main_build_s, receive_s=taking.receive_s,
+                     busy_receive_s=taking.busy_receive_s,
+                     warnings=[w for w in [slow_handover_warning(taking)] if w],
                      wake_wait_s=wake_s, wake_wait_source=wake_source)
