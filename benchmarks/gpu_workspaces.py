@@ -86,8 +86,8 @@ def store(folder: Path, environment: dict | None = None, machine: str = "h200") 
     """The measured cases as ``gpu_data/<machine>-workspaces.json.gz``: each case's step
     peaks and cuDNN calls (the recording's second iteration); the allocator history only
     for capped cases. ``environment``: the GPU and versions, where the cases lack them."""
-    cases = {}
-    for path in sorted(folder.glob("ws-*.json.gz")):
+    cases, paths = {}, sorted(folder.glob("ws-*.json.gz"))
+    for path in paths:
         row = json.loads(gzip.open(path, "rt").read())
         if "recorded" not in row:
             continue
@@ -101,8 +101,10 @@ def store(folder: Path, environment: dict | None = None, machine: str = "h200") 
             "trace": recorded["trace"] if row["spec"].get("card") else None}
     target = DATA / f"{machine}-workspaces.json.gz"
     with gzip.open(target, "wt") as file:
-        json.dump({"command": "python -m benchmarks.gpu_workspaces --out DIR", "cases": cases},
-                  file)
+        measured = max((path.stat().st_mtime for path in paths), default=time.time())
+        json.dump({"command": "python -m benchmarks.gpu_workspaces --out DIR",
+                   "measured": time.strftime("%Y-%m-%d", time.gmtime(measured)),
+                   "cases": cases}, file)
     return target
 
 

@@ -53,5 +53,6 @@ def device_total_bytes() -> int:
 def driver_version() -> str:
     import pynvml
 
+    _handle()   # NVML initialised: this may be the process's first NVML call
     version = pynvml.nvmlSystemGetDriverVersion()
     return version.decode() if isinstance(version, bytes) else str(version)
