@@ -10,8 +10,8 @@ import torch
 from torch.utils.data import Dataset
 
 from tests.fixtures.host_datasets import SPIN_SECONDS
-from memcalc.feed.check import (CONSUMERS, SLOW_HANDOVER_S, feed_check, handover,
-                                slow_handover_warning)
+from memcalc.feed.check import CONSUMERS, feed_check, handover
+from memcalc.feed.model import SLOW_HANDOVER_S, slow_handover_warning
 from memcalc.host import LoaderSpec, measure_worker
 
 DATASET = "tests.fixtures.host_datasets:spin_samples"
@@ -106,4 +106,4 @@ class _SleepingSamples(Dataset):
 
 def test_a_worker_that_waits_without_the_gil_hands_batches_over_at_once():
     taking = handover(_SleepingSamples(), BATCH, BATCH * SPIN_SECONDS)
-    assert slow_handover_warning(taking) is None, taking
+    assert slow_handover_warning(*taking) is None, taking

@@ -91,6 +91,24 @@ def test_without_workers_the_main_process_builds_at_its_own_speed():
     assert utilization(1, 0.02, 0.04, cpus=2, main_load_s=0.025) == pytest.approx(0.5)
 
 
+def test_a_measured_receive_is_paid_between_steps_and_a_slow_hand_over_is_advice():
+    # workers to spare: a step starts every 20 + 5 ms, whatever the workers, so the fewest
+    # that reach it are recommended and the training process's receive is what to cut
+    report = feeding_report(0.02, "given", 0.01, "measured", max_workers=4, cpus=8,
+                            batch_bytes=1 << 20, pin_memory=False, receive_s=0.005,
+                            busy_receive_s=0.030)
+    assert report.by_workers[2].expected_gpu_utilization == pytest.approx(0.8)
+    assert report.bound == "main" and report.num_workers == 1
+    assert any("5 ms (measured in the probe)" in line for line in report.assumptions)
+    assert "5 ms taking each batch" in report.advice[0]
+    # 30 ms from a building worker against 5 ms from an idle one: the GIL hand-over
+    assert any("set_sharing_strategy('file_system')" in line for line in report.advice)
+    quick = feeding_report(0.02, "given", 0.01, "measured", max_workers=4, cpus=8,
+                           batch_bytes=1 << 20, pin_memory=False, receive_s=0.005,
+                           busy_receive_s=0.006)
+    assert not any("file_system" in line for line in quick.advice)
+
+
 def test_smallest_worker_count_reaching_95_percent():
     report = feeding_report(0.05, "given", 0.4, "given", max_workers=16, cpus=16,
                             batch_bytes=1 << 20, pin_memory=False)

@@ -13,17 +13,18 @@ runs), and building one with no workers (just before the 0-worker run, on its lo
 from __future__ import annotations
 
 import statistics
-import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import NamedTuple
 
 from pydantic import BaseModel, ConfigDict
 from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
-from memcalc.feed.model import utilization
-from memcalc.host.machine import OtherLoad, cpu_wait_seconds
+from memcalc.feed.model import slow_handover_warning, utilization
+from memcalc.host.handover import Handover, time_handover
+from memcalc.host.machine import OtherLoad, core_seconds
 from memcalc.host.wake_latency import wake_wait_s
 from memcalc.model.user_code import load_dataset
 
@@ -51,59 +52,15 @@ class Consumer(NamedTuple):
 CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(_spin, 1.0)}
 
 
-class Handover(NamedTuple):
-    """The main process's time to take a batch from a worker, the one before freed."""
-
-    receive_s: float
-    """From an idle worker: the median."""
-    busy_receive_s: float
-    """From a worker that is building its next batch: the median."""
-
-
-SLOW_HANDOVER_S = 0.002
-"""A batch leaving a busy worker this much (and at least the idle receive) slower than an
-idle one's is reported: the worker's Python code holds the GIL that the hand-over needs."""
-
-
-def _core_seconds(action: Callable[[], object]) -> float:
-    """Wall time of ``action()`` less this thread's waits for a CPU meanwhile (from
-    ``/proc/PID/schedstat``, as the probe does for the worker): its time with a core to
-    itself, which the model shares out with the load measured during each run. What it
-    returns is dropped inside the timing: freeing a batch is the training loop's cost too."""
-    thread = threading.get_native_id()
-    start, waited = time.perf_counter(), cpu_wait_seconds(thread)
-    action()
-    elapsed, after = time.perf_counter() - start, cpu_wait_seconds(thread)
-    return elapsed - (after - waited if None not in (waited, after) else 0.0)
-
-
 def handover(dataset, batch_size: int, worker_batch_s: float) -> Handover:
-    """Timed on one worker after WARMUP_BATCHES + 1 untimed batches, COST_BATCHES times:
-    wait three of the worker's batch times so that its two prefetched batches are ready, take
-    the first (the worker idle), then at once the second (the worker now building)."""
+    """Timed on one worker after WARMUP_BATCHES + 1 untimed batches, COST_BATCHES times,
+    each after three of the worker's batch times (its two prefetched batches ready)."""
     iterator = iter(DataLoader(dataset, batch_size=batch_size, num_workers=1, prefetch_factor=2))
     for _ in range(WARMUP_BATCHES + 1):
         next(iterator)
-    idle, busy = [], []
-    for _ in range(COST_BATCHES):
-        time.sleep(3 * worker_batch_s + 0.005)
-        idle.append(_core_seconds(lambda: next(iterator)))
-        busy.append(_core_seconds(lambda: next(iterator)))
+    timed = time_handover(iterator, 3 * worker_batch_s + 0.005, COST_BATCHES)
     del iterator
-    return Handover(statistics.median(idle), statistics.median(busy))
-
-
-def slow_handover_warning(taking: Handover) -> str | None:
-    """The warning for batches that wait for a busy worker's GIL to leave it, or None."""
-    extra = taking.busy_receive_s - taking.receive_s
-    if extra < max(SLOW_HANDOVER_S, taking.receive_s):
-        return None
-    return (f"a batch takes {taking.busy_receive_s * 1e3:.3g} ms to leave a worker that is "
-            f"building the next one, against {taking.receive_s * 1e3:.3g} ms from an idle one: "
-            "each tensor's file-descriptor hand-over needs the worker's GIL, which its Python "
-            "code holds. With a training step that keeps a core busy, such Datasets ran up to "
-            "10 points below the prediction at 2 workers on 2 cores; "
-            "torch.multiprocessing.set_sharing_strategy('file_system') removes the hand-over")
+    return timed
 
 
 class FeedRow(BaseModel):
@@ -168,7 +125,7 @@ def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
     for _ in range(WARMUP_BATCHES + workers):     # worker start-up and queue fill
         next(iterator)
         step(step_s)
-    build_s = statistics.median(_core_seconds(lambda: next(iterator))
+    build_s = statistics.median(core_seconds(partial(next, iterator))
                                 for _ in range(BUILD_BATCHES)) if workers == 0 else None
     with OtherLoad() as others:
         start = time.perf_counter()
@@ -214,5 +171,5 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
                      seconds_per_sample=seconds_per_sample, cpus=cpus, consumer=consumer,
                      rows=rows, main_build_s=main_build_s, receive_s=taking.receive_s,
                      busy_receive_s=taking.busy_receive_s,
-                     warnings=[w for w in [slow_handover_warning(taking)] if w],
+                     warnings=[w for w in [slow_handover_warning(*taking)] if w],
                      wake_wait_s=wake_s, wake_wait_source=wake_source)

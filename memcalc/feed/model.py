@@ -81,10 +81,30 @@ class ThroughputReport(BaseModel):
     """The count evaluated: the recommended one within the RAM and CPU bounds."""
     expected_gpu_utilization: float
     bound: str
-    """"gpu" (the step sets the pace), "cpu" (sample building) or "io" (storage reads)."""
+    """"gpu" (the step sets the pace), "cpu" (sample building), "io" (storage reads) or
+    "main" (the training process's own time to take each batch from a worker)."""
     by_workers: list[WorkerUtilization]
     advice: list[str]
     assumptions: list[str]
+
+
+SLOW_HANDOVER_S = 0.002
+"""A batch leaving a busy worker this much (and at least the idle receive) slower than an
+idle one's is reported: the worker's Python code holds the GIL that the hand-over needs."""
+
+
+def slow_handover_warning(receive_s: float, busy_receive_s: float | None) -> str | None:
+    """The warning for batches that wait for a busy worker's GIL to leave it, or None:
+    ``receive_s`` the main process's time to take a batch from an idle worker,
+    ``busy_receive_s`` from one that is building its next batch."""
+    if busy_receive_s is None or busy_receive_s - receive_s < max(SLOW_HANDOVER_S, receive_s):
+        return None
+    return (f"a batch takes {busy_receive_s * 1e3:.3g} ms to leave a worker that is building "
+            f"the next one, against {receive_s * 1e3:.3g} ms from an idle one: each tensor's "
+            "file-descriptor hand-over needs the worker's GIL, which its Python code holds. "
+            "With a training step that keeps a core busy, such Datasets ran up to 10 points "
+            "below the prediction at 2 workers on 2 cores; "
+            "torch.multiprocessing.set_sharing_strategy('file_system') removes the hand-over")
 
 
 MIN_AVAILABLE_CPUS = 0.05
@@ -139,39 +159,64 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
 
 
 def feeding_report(step_s: float, step_source: str, load_s: float, load_source: str, *,
-                   max_workers: int, cpus: int, batch_bytes: int, pin_memory: bool
+                   max_workers: int, cpus: int, batch_bytes: int, pin_memory: bool,
+                   receive_s: float = 0.0, busy_receive_s: float | None = None
                    ) -> ThroughputReport:
-    """Utilisation per worker count; the smallest count reaching 95 % within ``max_workers``."""
+    """Utilisation per worker count; the smallest count reaching 95 % within ``max_workers``.
+    ``receive_s``: the training process's measured time to take a batch from an idle worker
+    (0: not measured); ``busy_receive_s`` from one building its next batch."""
     pin_s = batch_bytes / PIN_COPY_BYTES_PER_S if pin_memory else 0.0
     needed = max(1, math.ceil(TARGET_UTILIZATION * load_s / step_s))
     table = [WorkerUtilization(num_workers=w, expected_gpu_utilization=utilization(
-        w, step_s, load_s, cpus, pin_s)) for w in range(max_workers + 1)]
+        w, step_s, load_s, cpus, pin_s, receive_s=receive_s)) for w in range(max_workers + 1)]
     reaching = [row.num_workers for row in table
                 if row.expected_gpu_utilization >= TARGET_UTILIZATION]
-    chosen = reaching[0] if reaching else max_workers
+    # short of the target: the fewest workers within 1 % of the best (more only cost RAM
+    # where the CPUs or the training process's receive set the pace)
+    best = max(row.expected_gpu_utilization for row in table)
+    chosen = reaching[0] if reaching else next(
+        row.num_workers for row in table if row.expected_gpu_utilization >= 0.99 * best)
     expected = table[chosen].expected_gpu_utilization
-    bound = "gpu" if expected >= TARGET_UTILIZATION else (
-        "io" if load_source.startswith("read") else "cpu")
+    bound = _bound(expected, step_s / (step_s + receive_s), load_source)
+    handover = slow_handover_warning(receive_s, busy_receive_s)
+    taking = (f"taking a batch from a worker costs the training process {receive_s * 1e3:.3g} "
+              "ms (measured in the probe)" if receive_s else
+              "taking a batch from a worker costs the training process no time")
     return ThroughputReport(
         step_time_s=step_s, step_time_source=step_source, batch_load_time_s=load_s,
         batch_load_source=load_source, workers_needed=needed, num_workers=chosen,
         expected_gpu_utilization=expected, bound=bound, by_workers=table,
-        advice=_advice(bound, needed, max_workers, expected, pin_s, step_s),
+        advice=_advice(bound, needed, max_workers, expected, pin_s, step_s, receive_s)
+        + ([handover] if handover else []),
         assumptions=[
             "workers build batches in parallel, one each at a time; prefetch absorbs jitter "
             "only; with 0 workers loading and the step alternate",
             f"{cpus} CPUs: the training process keeps one busy while its step runs (kernel "
             "launches, then CUDA's spin-wait synchronisation), the workers share the rest; "
-            "taking a batch from a worker costs the training process no time; no other load "
-            "on the node",
+            f"{taking}; no other load on the node",
             "pin-memory copy at 8 GB/s in one thread" if pin_memory else "no pinning",
         ])
 
 
+def _bound(expected: float, serial_ceiling: float, load_source: str) -> str:
+    """What sets the pace at the chosen worker count: "main" where the training process's
+    own receive caps utilisation whatever the workers (within 1 % of that cap)."""
+    if expected >= TARGET_UTILIZATION:
+        return "gpu"
+    if expected >= 0.99 * serial_ceiling:
+        return "main"
+    return "io" if load_source.startswith("read") else "cpu"
+
+
 def _advice(bound: str, needed: int, max_workers: int, expected: float, pin_s: float,
-            step_s: float) -> list[str]:
+            step_s: float, receive_s: float = 0.0) -> list[str]:
     if bound == "gpu":
         return []
+    if bound == "main":
+        return [f"the training process spends {receive_s * 1e3:.3g} ms taking each batch from a "
+                "worker (mapping its shared memory, freeing the one before), so the GPU is busy "
+                f"about {expected:.0%} of the time whatever the workers: send smaller tensors "
+                "(uint8 or float16, normalised on the GPU)"]
     lines = [f"{bound.upper()}-bound: {counted(needed, 'worker')} would keep the GPU busy but at most "
              f"{max_workers} fit the CPUs and RAM; the GPU is busy about {expected:.0%} of the "
              f"time ({1 / expected:.1f}× the GPU-bound step time)"]

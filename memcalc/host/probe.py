@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.host.child_events import emit, run_child
+from memcalc.host.handover import time_handover
 from memcalc.host.machine import cpu_run_and_wait_seconds
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
@@ -40,6 +41,10 @@ TIMING_BATCHES = 16
 CPU from the worker on a small or busy machine, which would make samples look slower."""
 TIMING_SHARE = 0.25
 """The timing phase's time budget, as a share of --probe-seconds (at most 5 s)."""
+HANDOVER_ROUNDS = 5
+HANDOVER_BUDGET_S = 2.0
+"""The most spent timing the hand-over of batches after the timing phase; batches too slow
+for HANDOVER_ROUNDS in it skip it (a few milliseconds matter little beside them)."""
 
 
 
@@ -154,6 +159,19 @@ def _collate_one_batch(dataset, batch_size: int) -> None:
     del batch
 
 
+def _handover(batches, batch_s: float, prefetch: int) -> dict[str, float]:
+    """The main process's time to take a batch from the idle worker and from the worker
+    building its next one (``memcalc.host.handover``), where the budget allows."""
+    wait_s = (prefetch + 1) * batch_s + 0.005
+    if HANDOVER_ROUNDS * wait_s > HANDOVER_BUDGET_S:
+        return {}
+    try:
+        timed = time_handover(batches, wait_s, HANDOVER_ROUNDS)
+    except StopIteration:   # the dataset ended
+        return {}
+    return {"receive_seconds": timed.receive_s, "busy_receive_seconds": timed.busy_receive_s}
+
+
 def _plateaued(series: list[int]) -> bool:
     """Three windows of batches in a row without growth."""
     if len(series) < max(MIN_BATCHES, 3 * PLATEAU_WINDOW):
@@ -205,9 +223,12 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     emit("timing", batches=TIMING_BATCHES)
     timed, cpu = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
                                  shared_pid.value)
-    del batches, loader
+    handover = {}
     if len(timed) <= 3:     # the dataset ended: the memory phase's arrivals, sampler and all
         timed, cpu = arrivals[1:], []
+    else:
+        handover = _handover(batches, _median_interval(timed), config["prefetch_factor"])
+    del batches, loader
     seconds_per_sample = _median_interval(timed) / config["batch_size"]
     half = series[len(series) // 2:]
     slope = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else 0.0
@@ -220,7 +241,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         "seconds_per_sample": seconds_per_sample,
         "core_seconds_per_sample": (_median_core_interval(timed, cpu) / config["batch_size"]
                                     if cpu else None),
-        "stopped_by": stopped_by,
+        "stopped_by": stopped_by, **handover,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
 

@@ -43,6 +43,11 @@ class WorkerMeasurement(BaseModel):
     kernel does not say; then the wall time stands in."""
     stopped_by: str
     """"plateau", "budget" (time) or "dataset end"."""
+    receive_seconds: float | None = None
+    """The main process's time to take a batch from the idle worker (``host.handover``);
+    None where it was not timed (the dataset ended, or batches too slow for its budget)."""
+    busy_receive_seconds: float | None = None
+    """The same from the worker while it builds its next batch."""
     malloc_env: dict[str, str]
 
     @property

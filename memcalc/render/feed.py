@@ -15,7 +15,8 @@ from memcalc.units import counted
 def throughput_renderable(throughput: ThroughputReport) -> Group:
     """Whether the loader keeps the GPU busy, by worker count, and what helps."""
     verdict = {"gpu": "GPU-bound (the loader keeps up)", "cpu": "[bold red]CPU-bound[/]",
-               "io": "[bold red]I/O-bound[/]"}[throughput.bound]
+               "io": "[bold red]I/O-bound[/]",
+               "main": "[bold red]bound by taking batches[/]"}[throughput.bound]
     head = (f"[bold]feeding: {verdict}[/] at num_workers={throughput.num_workers}: GPU busy "
             f"{throughput.expected_gpu_utilization:.0%}\n"
             f"step {throughput.step_time_s * 1e3:.3g} ms ({throughput.step_time_source}); "

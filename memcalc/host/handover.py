@@ -1,0 +1,34 @@
+"""The training process's time to take a batch from a DataLoader worker (the one before
+freed): from an idle worker, and from one that is building its next batch. A batch's tensors
+reach the main process as file descriptors that a thread in the worker hands over, so a
+worker whose Python code holds the GIL hands them over late (``feed.model``'s warning)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Iterator
+from functools import partial
+from typing import NamedTuple
+
+from memcalc.host.machine import core_seconds
+
+
+class Handover(NamedTuple):
+    receive_s: float
+    """From an idle worker: the median, with this process's waits for a CPU taken out."""
+    busy_receive_s: float
+    """From a worker that is building its next batch: the median."""
+
+
+def time_handover(batches: Iterator, wait_s: float, rounds: int) -> Handover:
+    """``rounds`` times on a one-worker loader's iterator: wait ``wait_s`` (long enough for
+    the worker's prefetched batches to be ready and the worker idle), take one batch, then at
+    once the next, while the worker builds the batch the first take asked for. Raises
+    StopIteration at the dataset's end."""
+    idle, busy = [], []
+    for _ in range(rounds):
+        time.sleep(wait_s)
+        idle.append(core_seconds(partial(next, batches)))
+        busy.append(core_seconds(partial(next, batches)))
+    return Handover(statistics.median(idle), statistics.median(busy))
