@@ -45,10 +45,11 @@ def main() -> None:
                 points = 100 * (row.predicted_gpu_utilization - row.measured_gpu_utilization)
                 if abs(points) > LIMIT_POINTS:
                     misses.append(f"{name} {consumer} {row.num_workers}")
+                receive = f"{row.receive_s * 1e3:.1f} ms" if row.receive_s else "–"
                 lines.append(
                     f"| {name} | {case.batch_size} | {case.step_s * 1e3:.0f} ms | "
                     f"{sample.feeding_seconds_per_sample * 1e3:.2f} ms | "
-                    f"{check.main_build_s * 1e3:.1f} ms | {check.receive_s * 1e3:.1f} ms | "
+                    f"{check.main_build_s * 1e3:.1f} ms | {receive} | "
                     f"{check.busy_receive_s * 1e3:.1f} ms | {consumer} | "
                     f"{row.num_workers} | {row.predicted_gpu_utilization:.0%} | "
                     f"{row.measured_gpu_utilization:.0%} | {points:+.1f} | "
@@ -59,12 +60,13 @@ def main() -> None:
               "", "Worker sample: the probe's time per sample in one real worker with its waits "
               "for a CPU taken out (`WorkerMeasurement.feeding_seconds_per_sample`), what the "
               "predictions with workers are made from. Main build and receive: the main "
-              "process's own time to build a batch (what the 0-worker prediction uses; timed "
-              "alone on the 0-worker run's loader just before its timed batches, "
-              "`memcalc.feed.check.Run`) and to take one a worker has ready "
-              "(`memcalc.feed.check.handover`, before the runs). Busy receive: the same while that worker builds its next "
-              "batch (not in the prediction; far above the receive where the Dataset's Python "
-              "code holds the GIL that the worker's hand-over needs). Measured: simulated step time × batches over the wall "
+              "process's own time to build a batch (the 0-worker row's prediction) and to take "
+              "one from an idle worker (the rows with workers), each timed on that row's own "
+              "loader just before its timed batches (`memcalc.feed.check.Run`). Busy receive: "
+              "taking one from a worker that is building its next, timed once before the runs "
+              "(`memcalc.feed.check.handover`; not in the prediction; far above the receive "
+              "where the Dataset's Python code holds the GIL that the worker's hand-over "
+              "needs). Measured: simulated step time × batches over the wall "
               f"time of {BATCHES} batches after warm-up. Other load: cores other processes "
               "kept busy meanwhile (the prediction shares the CPUs with them).",
               "", f"Linux {platform.release()}, Python {platform.python_version()}, torch "

@@ -7,8 +7,9 @@ without using a core) or spins for the step time (a training process whose CUDA
 synchronisation spin-waits, the default).
 
 The prediction takes the worker's time per sample from the probe and measures what the main
-process itself spends per batch: taking one a worker has ready (``handover``, before the
-runs), and building one with no workers (just before the 0-worker run, on its loader)."""
+process itself spends per batch on each run's own loader just before its timed batches:
+building one with no workers, taking one from an idle worker with workers. ``handover``
+also times, once, taking one from a worker that is building its next (the GIL warning)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ COST_BATCHES = 6
 """Batches timed for each hand-over from a worker (after WARMUP_BATCHES + 1 untimed)."""
 BUILD_BATCHES = 18
 """Batches the main process builds, timed alone, right before the 0-worker run's timed ones."""
+RECEIVE_BATCHES = 6
+"""Batches taken from idle workers, timed, before a run with workers times its batches."""
 
 
 def _spin(seconds: float) -> None:
@@ -72,6 +75,9 @@ class FeedRow(BaseModel):
     other_busy_cpus: float = 0.0
     """Cores other processes kept busy while this count was measured; the prediction shares
     the CPUs with them."""
+    receive_s: float | None = None
+    """With workers: the main process's time to take a batch from an idle worker, timed on
+    this count's loader before its run (``Run.receive_s``), what its prediction uses."""
 
 
 class FeedCheck(BaseModel):
@@ -93,7 +99,8 @@ class FeedCheck(BaseModel):
     """The main process's time to build a batch itself, timed alone just before the 0-worker
     run (``Run.main_build_s``), what its prediction uses; None without a 0-worker row."""
     receive_s: float = 0.0
-    """The main process's time to take a ready batch from an idle worker."""
+    """The main process's time to take a ready batch from an idle worker (``handover``, one
+    worker; each row's prediction uses its own run's, ``FeedRow.receive_s``)."""
     busy_receive_s: float = 0.0
     """The same while the worker builds its next batch (not in the prediction)."""
     warnings: list[str] = []
@@ -114,27 +121,49 @@ class Run(NamedTuple):
     BUILD_BATCHES timed alone (no step) on the same loader just before the timed batches,
     so that both see the process in the same state (glibc's heap serving large arrays or
     mapping fresh pages for them moved it between 12 and 27 ms from process to process)."""
+    receive_s: float | None
+    """With workers: the main process's time to take a batch from an idle worker, the median
+    of RECEIVE_BATCHES on the same loader before the timed batches (a separate loader's
+    moved between 4.1 and 5.8 ms for the 3D volumes from check to check)."""
 
 
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
-                         batches: int, consumer: str = "sleep") -> Run:
-    """The simulated GPU (one step per batch) after warm-up, on a real DataLoader."""
+                         batches: int, consumer: str = "sleep", worker_batch_s: float = 0.0
+                         ) -> Run:
+    """The simulated GPU (one step per batch) after warm-up, on a real DataLoader.
+    ``worker_batch_s``: a worker's time per batch, to wait before each timed take."""
     step = CONSUMERS[consumer].step
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False)
     iterator = iter(loader)
-    for _ in range(WARMUP_BATCHES + workers):     # worker start-up and queue fill
-        next(iterator)
-        step(step_s)
-    build_s = statistics.median(core_seconds(partial(next, iterator))
-                                for _ in range(BUILD_BATCHES)) if workers == 0 else None
-    with OtherLoad() as others:
-        start = time.perf_counter()
-        for _ in range(batches):
+
+    def steps(count: int) -> None:
+        for _ in range(count):
             next(iterator)
             step(step_s)
+
+    steps(WARMUP_BATCHES + workers)     # worker start-up and queue fill
+    build_s = receive_s = None
+    if workers == 0:
+        build_s = statistics.median(core_seconds(partial(next, iterator))
+                                    for _ in range(BUILD_BATCHES))
+    else:
+        receive_s = _idle_takes(iterator, 3 * worker_batch_s + 0.005)
+        steps(workers)                  # the queue filled again
+    with OtherLoad() as others:
+        start = time.perf_counter()
+        steps(batches)
         elapsed = time.perf_counter() - start
     del iterator
-    return Run(batches * step_s / elapsed, others.busy_cpus, build_s)
+    return Run(batches * step_s / elapsed, others.busy_cpus, build_s, receive_s)
+
+
+def _idle_takes(iterator, wait_s: float) -> float:
+    """Median time to take a batch after waiting ``wait_s`` (every worker done and idle)."""
+    times = []
+    for _ in range(RECEIVE_BATCHES):
+        time.sleep(wait_s)
+        times.append(core_seconds(partial(next, iterator)))
+    return statistics.median(times)
 
 
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
@@ -143,7 +172,7 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
     if consumer not in CONSUMERS:
         raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
     dataset = load_dataset(reference)
-    needed = max(WARMUP_BATCHES + max(worker_counts) + batches,
+    needed = max(WARMUP_BATCHES + 2 * max(worker_counts) + RECEIVE_BATCHES + batches,
                  WARMUP_BATCHES + BUILD_BATCHES + batches if 0 in worker_counts else 0,
                  WARMUP_BATCHES + 3 + 2 * COST_BATCHES) * batch_size
     if len(dataset) < needed:
@@ -155,15 +184,16 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
     wake_s, wake_source = wake_wait_s(cpus) if consumer == "sleep" else (0.0, "")
     rows, main_build_s = [], None
     for workers in worker_counts:
-        run = measured_utilization(dataset, batch_size, workers, step_s, batches, consumer)
+        run = measured_utilization(dataset, batch_size, workers, step_s, batches, consumer,
+                                   seconds_per_sample * batch_size)
         main_build_s = run.main_build_s if workers == 0 else main_build_s
         rows.append(FeedRow(
             num_workers=workers, measured_gpu_utilization=run.utilization,
-            other_busy_cpus=run.other_busy_cpus,
+            other_busy_cpus=run.other_busy_cpus, receive_s=run.receive_s,
             predicted_gpu_utilization=utilization(
                 workers, step_s, seconds_per_sample * batch_size, cpus,
                 main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=run.other_busy_cpus,
-                receive_s=taking.receive_s, main_load_s=run.main_build_s,
+                receive_s=run.receive_s or 0.0, main_load_s=run.main_build_s,
                 wake_wait_s=wake_s)))
         if progress:
             progress(workers)
