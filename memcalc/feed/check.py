@@ -61,7 +61,7 @@ def handover(dataset, batch_size: int, worker_batch_s: float) -> Handover:
     iterator = iter(DataLoader(dataset, batch_size=batch_size, num_workers=1, prefetch_factor=2))
     for _ in range(WARMUP_BATCHES + 1):
         next(iterator)
-    timed = time_handover(iterator, 3 * worker_batch_s + 0.005, COST_BATCHES)
+    timed = time_handover(iterator, 3 * worker_batch_s + 0.005, COST_BATCHES, worker_batch_s / 4)
     del iterator
     return timed
 

@@ -21,14 +21,16 @@ class Handover(NamedTuple):
     """From a worker that is building its next batch: the median."""
 
 
-def time_handover(batches: Iterator, wait_s: float, rounds: int) -> Handover:
+def time_handover(batches: Iterator, wait_s: float, rounds: int, building_s: float) -> Handover:
     """``rounds`` times on a one-worker loader's iterator: wait ``wait_s`` (long enough for
-    the worker's prefetched batches to be ready and the worker idle), take one batch, then at
-    once the next, while the worker builds the batch the first take asked for. Raises
+    the worker's prefetched batches to be ready and the worker idle), take one batch, wait
+    ``building_s`` (the worker is now building the batch that take asked for: a part of its
+    batch time, so that it has started even on a loaded machine), take the next. Raises
     StopIteration at the dataset's end."""
     idle, busy = [], []
     for _ in range(rounds):
         time.sleep(wait_s)
         idle.append(core_seconds(partial(next, batches)))
+        time.sleep(building_s)
         busy.append(core_seconds(partial(next, batches)))
     return Handover(statistics.median(idle), statistics.median(busy))

@@ -203,13 +203,17 @@ def cpu_run_and_wait_seconds(pid: int) -> tuple[float, float] | None:
 
 def core_seconds(action: Callable[[], object]) -> float:
     """Wall time of ``action()`` less this thread's waits for a CPU meanwhile (its time with a
-    core to itself). What it returns is dropped inside the timing: freeing a batch is the
-    training loop's cost too."""
+    core to itself), never less than the CPU time it ran (a wait the kernel books late must
+    not make it cost less than its work). What ``action`` returns is dropped inside the
+    timing: freeing a batch is the training loop's cost too."""
     import threading
     import time
 
     thread = threading.get_native_id()
-    start, waited = time.perf_counter(), cpu_wait_seconds(thread)
+    start, before = time.perf_counter(), cpu_run_and_wait_seconds(thread)
     action()
-    elapsed, after = time.perf_counter() - start, cpu_wait_seconds(thread)
-    return elapsed - (after - waited if None not in (waited, after) else 0.0)
+    elapsed, after = time.perf_counter() - start, cpu_run_and_wait_seconds(thread)
+    if None in (before, after):
+        return elapsed
+    ran, waited = after[0] - before[0], after[1] - before[1]
+    return min(elapsed, max(elapsed - waited, ran))

@@ -163,10 +163,10 @@ def _handover(batches, batch_s: float, prefetch: int) -> dict[str, float]:
     """The main process's time to take a batch from the idle worker and from the worker
     building its next one (``memcalc.host.handover``), where the budget allows."""
     wait_s = (prefetch + 1) * batch_s + 0.005
-    if HANDOVER_ROUNDS * wait_s > HANDOVER_BUDGET_S:
+    if HANDOVER_ROUNDS * (wait_s + batch_s / 4) > HANDOVER_BUDGET_S:
         return {}
     try:
-        timed = time_handover(batches, wait_s, HANDOVER_ROUNDS)
+        timed = time_handover(batches, wait_s, HANDOVER_ROUNDS, batch_s / 4)
     except StopIteration:   # the dataset ended
         return {}
     return {"receive_seconds": timed.receive_s, "busy_receive_seconds": timed.busy_receive_s}
