@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import slow_handover_warning, utilization
-from memcalc.host.handover import Handover, time_handover
+from memcalc.host.handover import Handover, idle_takes, time_handover
 from memcalc.host.machine import OtherLoad, core_seconds
 from memcalc.host.wake_latency import wake_wait_s
 from memcalc.model.user_code import load_dataset
@@ -135,35 +135,28 @@ def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
     step = CONSUMERS[consumer].step
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False)
     iterator = iter(loader)
-
-    def steps(count: int) -> None:
-        for _ in range(count):
-            next(iterator)
-            step(step_s)
-
+    steps = partial(_steps, iterator, step, step_s)
     steps(WARMUP_BATCHES + workers)     # worker start-up and queue fill
     build_s = receive_s = None
     if workers == 0:
         build_s = statistics.median(core_seconds(partial(next, iterator))
                                     for _ in range(BUILD_BATCHES))
     else:
-        receive_s = _idle_takes(iterator, 3 * worker_batch_s + 0.005)
+        receive_s = idle_takes(iterator, 3 * worker_batch_s + 0.005, RECEIVE_BATCHES)
         steps(workers)                  # the queue filled again
     with OtherLoad() as others:
         start = time.perf_counter()
         steps(batches)
         elapsed = time.perf_counter() - start
-    del iterator
+    del steps, iterator     # the workers end here, not after the return
     return Run(batches * step_s / elapsed, others.busy_cpus, build_s, receive_s)
 
 
-def _idle_takes(iterator, wait_s: float) -> float:
-    """Median time to take a batch after waiting ``wait_s`` (every worker done and idle)."""
-    times = []
-    for _ in range(RECEIVE_BATCHES):
-        time.sleep(wait_s)
-        times.append(core_seconds(partial(next, iterator)))
-    return statistics.median(times)
+def _steps(batches, step: Callable[[float], None], step_s: float, count: int) -> None:
+    """``count`` training steps: take a batch, then the simulated step."""
+    for _ in range(count):
+        next(batches)
+        step(step_s)
 
 
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,

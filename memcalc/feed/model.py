@@ -33,9 +33,8 @@ worker when it takes a batch, so at each receive that worker starts a build, and
 an index a batch earlier is still building when a build takes longer than T. A training
 process that sleeps through the step (``main_busy`` 0; a GPU job with blocking
 synchronisation) then finds no idle core (``busy``): it waits for one when its timer fires
-(``wake``: a CPU-bound worker is switched out at a scheduler tick, so on average half a tick,
-``memcalc.host.machine``'s ``scheduler_tick_s``: 2 ms at this kernel's 250 Hz), and takes the
-batch sharing a core with a worker, which doubles the receive. Measured on 2 cores, two
+(``wake``, measured on the machine by ``memcalc.host.wake_latency``: 0.3-0.8 ms on 2 cores
+here), and takes the batch sharing a core with a worker, which doubles the receive. Measured on 2 cores, two
 workers and a sleeping step: the training process waited for a CPU 4.7-5.2 ms a batch against
 a 4.4 ms receive (3D volumes, builds longer than T), 2.3-2.8 ms against 2.4 ms (JPEG), and
 0.2-0.5 ms where builds were shorter than T (slice stacks). A spinning process never sleeps
@@ -51,6 +50,10 @@ from pydantic import BaseModel, ConfigDict
 from memcalc.units import counted
 
 TARGET_UTILIZATION = 0.95
+NEAR_BEST = 0.99
+"""Within this share of a ceiling counts as at it: short of the target, the fewest workers
+that reach it of the best utilisation are recommended, and "main" is the verdict where the
+training process's receive caps utilisation."""
 PIN_COPY_BYTES_PER_S = 8e9
 """Pageable → pinned host copy, one thread (memcpy bandwidth of one core)."""
 GPU_JOB_MAIN_BUSY = 1.0
@@ -171,11 +174,11 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
         w, step_s, load_s, cpus, pin_s, receive_s=receive_s)) for w in range(max_workers + 1)]
     reaching = [row.num_workers for row in table
                 if row.expected_gpu_utilization >= TARGET_UTILIZATION]
-    # short of the target: the fewest workers within 1 % of the best (more only cost RAM
-    # where the CPUs or the training process's receive set the pace)
+    # short of the target: the fewest workers near the best (more only cost RAM where the
+    # CPUs or the training process's receive set the pace)
     best = max(row.expected_gpu_utilization for row in table)
     chosen = reaching[0] if reaching else next(
-        row.num_workers for row in table if row.expected_gpu_utilization >= 0.99 * best)
+        row.num_workers for row in table if row.expected_gpu_utilization >= NEAR_BEST * best)
     expected = table[chosen].expected_gpu_utilization
     bound = _bound(expected, step_s / (step_s + receive_s), load_source)
     handover = slow_handover_warning(receive_s, busy_receive_s)
@@ -203,7 +206,7 @@ def _bound(expected: float, serial_ceiling: float, load_source: str) -> str:
     own receive caps utilisation whatever the workers (within 1 % of that cap)."""
     if expected >= TARGET_UTILIZATION:
         return "gpu"
-    if expected >= 0.99 * serial_ceiling:
+    if expected >= NEAR_BEST * serial_ceiling:
         return "main"
     return "io" if load_source.startswith("read") else "cpu"
 

@@ -29,8 +29,18 @@ def time_handover(batches: Iterator, wait_s: float, rounds: int, building_s: flo
     StopIteration at the dataset's end."""
     idle, busy = [], []
     for _ in range(rounds):
-        time.sleep(wait_s)
-        idle.append(core_seconds(partial(next, batches)))
-        time.sleep(building_s)
-        busy.append(core_seconds(partial(next, batches)))
+        idle.append(_take(batches, wait_s))
+        busy.append(_take(batches, building_s))
     return Handover(statistics.median(idle), statistics.median(busy))
+
+
+def idle_takes(batches: Iterator, wait_s: float, rounds: int) -> float:
+    """Median time to take a batch after waiting ``wait_s`` each time (every worker done and
+    idle), ``rounds`` times."""
+    return statistics.median(_take(batches, wait_s) for _ in range(rounds))
+
+
+def _take(batches: Iterator, wait_s: float) -> float:
+    """Wait ``wait_s``, then the time to take the next batch with a core to itself."""
+    time.sleep(wait_s)
+    return core_seconds(partial(next, batches))

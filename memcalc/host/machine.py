@@ -202,10 +202,9 @@ def cpu_run_and_wait_seconds(pid: int) -> tuple[float, float] | None:
 
 
 def core_seconds(action: Callable[[], object]) -> float:
-    """Wall time of ``action()`` less this thread's waits for a CPU meanwhile (its time with a
-    core to itself), never less than the CPU time it ran (a wait the kernel books late must
-    not make it cost less than its work). What ``action`` returns is dropped inside the
-    timing: freeing a batch is the training loop's cost too."""
+    """This thread's time with a core to itself over ``action()`` (``core_time``). What
+    ``action`` returns is dropped inside the timing: freeing a batch is the training loop's
+    cost too."""
     import threading
     import time
 
@@ -215,5 +214,12 @@ def core_seconds(action: Callable[[], object]) -> float:
     elapsed, after = time.perf_counter() - start, cpu_run_and_wait_seconds(thread)
     if None in (before, after):
         return elapsed
-    ran, waited = after[0] - before[0], after[1] - before[1]
+    return core_time(elapsed, after[0] - before[0], after[1] - before[1])
+
+
+def core_time(elapsed: float, ran: float, waited: float) -> float:
+    """An interval's time with a core to itself: ``elapsed`` less the ``waited`` for a CPU,
+    never less than the CPU time it ``ran`` (a wait the kernel books late, or counts twice as
+    under a CPU quota, must not make work cost less than itself) and never more than
+    ``elapsed``."""
     return min(elapsed, max(elapsed - waited, ran))

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from memcalc.errors import InputError
 from memcalc.host.child_events import emit, run_child
 from memcalc.host.handover import time_handover
-from memcalc.host.machine import cpu_run_and_wait_seconds
+from memcalc.host.machine import core_time, cpu_run_and_wait_seconds
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
 
@@ -125,11 +125,9 @@ def _median_interval(times: list[float]) -> float:
 
 
 def _median_core_interval(times: list[float], cpu: list[tuple[float, float]]) -> float:
-    """Median time between batches with a core to itself: each interval less what the worker
-    waited for a CPU over it, never less than the CPU time it ran (a wait the kernel counts
-    twice, as under a CPU quota, must not make a batch cost less than its work) and never more
-    than the interval itself (the CPU times are read just after each arrival)."""
-    steps = [min(b - a, max(b - a - (wait_b - wait_a), run_b - run_a))
+    """Median time between batches with the worker's core to itself (``core_time`` of each
+    interval; the CPU times are read just after each arrival)."""
+    steps = [core_time(b - a, run_b - run_a, wait_b - wait_a)
              for (a, b), ((run_a, wait_a), (run_b, wait_b))
              in zip(itertools.pairwise(times), itertools.pairwise(cpu))]
     return statistics.median(steps or [0.0])
