@@ -82,6 +82,36 @@ def largest_that_fits(fits, start: int) -> tuple[int, dict[int, bool]]:
     return low, known
 
 
+def bytes_outside_allocator(warm_step, before_context: int) -> int:
+    """On the GPU, after ``warm_step()``: what this process holds outside the caching allocator
+    (context, cuBLAS, cuDNN): NVML's bytes for it, or where NVML hides process ids its share
+    of the device since ``before_context`` (read before it made a CUDA context), less the
+    allocator's reserved bytes."""
+    import torch
+
+    from memcalc.calibration import nvml
+
+    warm_step()
+    process_bytes = nvml.process_used_bytes()
+    if process_bytes is None:
+        free, _ = torch.cuda.mem_get_info()
+        process_bytes = nvml.device_total_bytes() - free - before_context
+    return process_bytes - torch.cuda.memory_reserved()
+
+
+def cap_allocator(capacity_bytes: int, outside: int) -> int:
+    """Limit the caching allocator to what an emulated card (its nvidia-smi total) leaves it:
+    less this GPU's driver reservation and ``outside``. Returns the bytes it may reserve."""
+    import torch
+
+    from memcalc.calibration import nvml
+
+    total = torch.cuda.get_device_properties(0).total_memory
+    allowed = capacity_bytes - (nvml.device_total_bytes() - total) - outside
+    torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total))
+    return allowed
+
+
 def true_largest(rows: list[dict]) -> list[dict]:
     """On the GPU: the real largest batch for each predicted row (rows of one model case)."""
     from memcalc.calibration import nvml
@@ -108,18 +138,10 @@ def true_largest(rows: list[dict]) -> list[dict]:
 
     first = rows[0]
     warm = GpuCase(first["model"], tuple(first["sample_shape"]), 1, first["precision"])
-    runs(warm)
-    process_bytes = nvml.process_used_bytes()
-    if process_bytes is None:  # NVML hides process ids here: this process's share of the device
-        free, _ = torch.cuda.mem_get_info()
-        process_bytes = nvml.device_total_bytes() - free - before_context
-    outside = process_bytes - torch.cuda.memory_reserved()
-    total = torch.cuda.get_device_properties(0).total_memory
-    driver_reserved = nvml.device_total_bytes() - total
+    outside = bytes_outside_allocator(lambda: runs(warm), before_context)
     results = []
     for row in rows:
-        allowed = row["capacity_bytes"] - driver_reserved - outside
-        torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total))
+        allowed = cap_allocator(row["capacity_bytes"], outside)
         _fresh_allocator()
         messages = {}
 

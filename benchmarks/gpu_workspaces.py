@@ -7,8 +7,8 @@ and one capped step's allocator history.
 
 Each case is memcalc's step (``tests.fixtures.gpu_step``): two iterations measured, then two
 recorded with every cuDNN call's transient (``ConvRecorder``) and the allocator's history.
-A capped case first limits the caching allocator to what an emulated card leaves it, as
-``benchmarks.gpu_largest`` does.
+A capped case first limits the caching allocator to what an emulated card leaves it
+(``benchmarks.gpu_largest.cap_allocator``).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 from tests.fixtures.gpu_data import DATA
@@ -31,43 +32,35 @@ CASES = ([{"name": f"fp32-b{b}", "batch": b, "precision": "fp32"} for b in (16, 
 CASE_TIMEOUT_S = 120
 
 
-def _cap_allocator(card: str, precision: str) -> int:
-    """Limit the caching allocator to what ``card`` leaves it; the bytes it may reserve."""
+def _warm(precision: str) -> None:
+    """One step at batch 1, its memory given back: the libraries loaded, the cache empty."""
     import torch
 
-    from tests.fixtures.gpu_cases import EMULATED_CARDS, GpuCase
+    from tests.fixtures.gpu_cases import GpuCase
     from tests.fixtures.gpu_step import CudaStep
-    from memcalc.calibration import nvml
 
-    before = nvml.device_used_bytes()
-    warm = CudaStep(GpuCase(MODEL, SHAPE, 1, precision))
-    warm()
+    step = CudaStep(GpuCase(MODEL, SHAPE, 1, precision))
+    step()
     torch.cuda.synchronize()
-    del warm
+    del step
     gc.collect()
     torch.cuda.empty_cache()
-    process = nvml.process_used_bytes()
-    if process is None:
-        free, _ = torch.cuda.mem_get_info()
-        process = nvml.device_total_bytes() - free - before
-    outside = process - torch.cuda.memory_reserved()
-    total = torch.cuda.get_device_properties(0).total_memory
-    allowed = EMULATED_CARDS[card] - (nvml.device_total_bytes() - total) - outside
-    torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total))
-    return allowed
 
 
 def _run_case(spec: dict, out: Path) -> None:
     """In a fresh process: one case, written to ``out/ws-NAME.json.gz``."""
     import torch
 
-    from tests.fixtures.gpu_cases import GpuCase
+    from benchmarks.gpu_largest import bytes_outside_allocator, cap_allocator
+    from tests.fixtures.gpu_cases import EMULATED_CARDS, GpuCase
     from tests.fixtures.gpu_step import measure_step, record_step
-    from memcalc.calibration import environment
+    from memcalc.calibration import environment, nvml
 
+    before_context = nvml.device_used_bytes()   # before this process makes a CUDA context
     row = {"spec": spec, "versions": environment.versions()}
     if spec.get("card"):
-        row["allowed_reserved_bytes"] = _cap_allocator(spec["card"], spec["precision"])
+        outside = bytes_outside_allocator(partial(_warm, spec["precision"]), before_context)
+        row["allowed_reserved_bytes"] = cap_allocator(EMULATED_CARDS[spec["card"]], outside)
     case = GpuCase(MODEL, SHAPE, spec["batch"], spec["precision"])
     started = time.time()
     try:
