@@ -26,7 +26,7 @@ from memcalc.errors import InputError
 from memcalc.feed.model import slow_handover_warning, utilization
 from memcalc.host.handover import Handover, idle_takes, time_handover
 from memcalc.host.machine import OtherLoad, core_seconds
-from memcalc.host.wake_latency import wake_wait_s
+from memcalc.host.wake_latency import spin, wake_wait_s
 from memcalc.model.user_code import load_dataset
 
 WARMUP_BATCHES = 2
@@ -38,12 +38,6 @@ RECEIVE_BATCHES = 6
 """Batches taken from idle workers, timed, before a run with workers times its batches."""
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 class Consumer(NamedTuple):
     """A simulated step: how it passes its time, and the share of it the main process keeps
     a core busy (what the feeding model is told)."""
@@ -52,7 +46,7 @@ class Consumer(NamedTuple):
     main_busy: float
 
 
-CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(_spin, 1.0)}
+CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(spin, 1.0)}
 
 
 def handover(dataset, batch_size: int, worker_batch_s: float) -> Handover:

@@ -30,7 +30,9 @@ SETTLE_S = 0.1
 _BUSY_LOOP = "while True:\n    pass\n"
 
 
-def _spin(seconds: float) -> None:
+def spin(seconds: float) -> None:
+    """Keep a core busy for ``seconds`` of wall time (a training process spin-waiting on CUDA;
+    the waits measured here)."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
@@ -63,7 +65,7 @@ def _rounds(thread: int) -> tuple[list[float], str]:
         after = cpu_wait_seconds(thread)
         if None not in (before, after):
             waits.append(after - before)
-        _spin(WORK_S)
+        spin(WORK_S)
     if len(waits) == WAKE_ROUNDS:
         return waits, "the kernel's run-queue wait (schedstat)"
     return oversleeps, "oversleep (no schedstat)"
