@@ -6,6 +6,10 @@ one more worker (the slope between 1 and 2), shape-based and from a measured wor
 from __future__ import annotations
 
 import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -147,3 +151,34 @@ def test_progress_is_told_each_phase_in_order():
     assert phases.count("timing") == 1 and set(phases) == {"memory", "timing"}
     memory = [batches for phase, batches, _ in told if phase == "memory"]
     assert memory == list(range(measured.batches + 1))
+
+
+_KILLED_PROBE = r"""
+import subprocess, sys, time
+from memcalc.cli.leftovers import become_subreaper, end_new_descendants
+from memcalc.host.measure import OWN_PROCESS_GROUP, kill_group
+
+become_subreaper()
+# a stand-in probe: forks a copy of itself (as a DataLoader worker is) and starts a helper
+# (as a user's Dataset may), then waits to be killed
+probe = subprocess.Popen([sys.executable, "-c", '''
+import os, subprocess, sys, time
+if os.fork():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print("ready", flush=True)
+time.sleep(60)
+'''], stdout=subprocess.PIPE, text=True, **OWN_PROCESS_GROUP)
+assert probe.stdout.readline() == "ready\n"
+kill_group(probe)
+print(end_new_descendants(set()))
+"""
+
+
+def test_a_killed_probes_own_worker_is_reaped_its_users_helper_reported(tmp_path):
+    """A killed probe's forked worker is reparented to memcalc (the child subreaper): it is
+    reaped, not reported as a process the user's code left; the user's helper still is."""
+    done = subprocess.run([sys.executable, "-c", _KILLED_PROBE], capture_output=True,
+                          text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "1"

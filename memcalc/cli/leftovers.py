@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import os
 import sys
 
 import psutil
@@ -38,16 +37,13 @@ def descendant_pids() -> set[int]:
 
 def end_new_descendants(before: set[int]) -> int:
     """Terminate, then kill, the descendants not in ``before`` (and not multiprocessing's own
-    resource tracker, which exits with its parent); return how many were still running.
-    Those already dead are reaped, not counted: a killed probe's DataLoader worker is
-    reparented to this subreaper and waits as a zombie until it is."""
+    resource tracker, which exits with its parent); return how many were still running."""
     keep = before | _resource_tracker_pids()
     try:
-        new = [child for child in psutil.Process().children(recursive=True)
-               if child.pid not in keep]
+        left = [child for child in psutil.Process().children(recursive=True)
+                if child.pid not in keep]
     except psutil.Error:
         return 0
-    left = [child for child in new if not _reaped(child)]
     for child in left:
         with contextlib.suppress(psutil.Error):
             child.terminate()
@@ -57,21 +53,6 @@ def end_new_descendants(before: set[int]) -> int:
             child.kill()
     psutil.wait_procs(alive, timeout=_TERMINATE_GRACE_S)
     return len(left)
-
-
-def _reaped(child: psutil.Process) -> bool:
-    """True for a zombie (or a process already gone): waited for if it is this process's
-    child, so that it leaves the process table."""
-    try:
-        if child.status() != psutil.STATUS_ZOMBIE:
-            return False
-    except psutil.NoSuchProcess:
-        return True
-    except psutil.Error:
-        return False
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(child.pid, os.WNOHANG)
-    return True
 
 
 def _resource_tracker_pids() -> set[int]:

@@ -206,11 +206,39 @@ def kill_group(process: subprocess.Popen) -> None:
     """Kill the probe and every process of its group (DataLoader workers included), then
     remove the shared memory they were killed too soon to unlink (``shm_leftovers``)."""
     members = group_pids(process.pid)
+    forks = _forks_of(process.pid, members)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     _wait_until_dead(members)
+    _reap(forks)
     remove_torch_shm(members)
+
+
+def _forks_of(pid: int, members: list[int]) -> list[int]:
+    """The group's copies of process ``pid`` (forked, same command line): the probe's own
+    DataLoader workers, not processes the user's code started."""
+    def command(member: int) -> bytes | None:
+        try:
+            with open(f"/proc/{member}/cmdline", "rb") as handle:
+                return handle.read()
+        except OSError:
+            return None
+    own = command(pid)
+    return [member for member in members if member != pid and own and command(member) == own]
+
+
+def _reap(pids: list[int]) -> None:
+    """Wait for the killed probe's workers: reparented to memcalc where it is the child
+    subreaper (``memcalc.cli.leftovers``), they would wait there as zombies and be reported
+    as processes the user's code left running."""
+    deadline = time.monotonic() + GROUP_END_S
+    for pid in pids:
+        try:
+            while os.waitpid(pid, os.WNOHANG) == (0, 0) and time.monotonic() < deadline:
+                time.sleep(0.01)     # killed, still exiting
+        except OSError:              # not this process's child (no subreaper here): init's
+            continue
 
 
 GROUP_END_S = 2.0
