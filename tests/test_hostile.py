@@ -19,11 +19,28 @@ SPEC = ["--shape", "8", "--batch-size", "2", "--optimizer", "sgd"]
 def memcalc(*args, timeout=240):
     """Run the real CLI; the result's ``mark`` is in the environment of every process the run
     started, so ``left_behind`` finds them (and only them) afterwards."""
+    return finish(start(*args), timeout)
+
+
+def start(*args) -> subprocess.Popen:
+    """The real CLI started, not waited for (``finish``)."""
     mark = uuid.uuid4().hex
-    result = subprocess.run([sys.executable, "-m", "memcalc", *args], capture_output=True,
-                            text=True, cwd=ROOT, timeout=timeout, stdin=subprocess.DEVNULL,
-                            env={**os.environ, _MARK: mark})
-    result.mark = mark
+    process = subprocess.Popen([sys.executable, "-m", "memcalc", *args], cwd=ROOT, text=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, env={**os.environ, _MARK: mark})
+    process.mark = mark
+    return process
+
+
+def finish(process: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        raise
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    result.mark = process.mark
     return result
 
 
@@ -130,10 +147,22 @@ def test_a_dataset_that_prints_the_probes_protocol_is_measured_anyway():
     assert not left_behind(result.mark)
 
 
-def test_a_dataset_that_hangs_is_stopped_at_its_deadline_and_killed():
+@pytest.fixture(scope="module", autouse=True)
+def hanging_dataset_run():
+    """Started with the module's first test: it waits about 22 s for the probe's deadline
+    (--probe-seconds and the time allowed past it), which the module's other tests use."""
     started = time.monotonic()
-    result = memcalc("host", "--dataset", "tests.fixtures.hostile:hanging_dataset",
-                     "--batch-size", "2", "--probe-seconds", "2")
+    process = start("host", "--dataset", "tests.fixtures.hostile:hanging_dataset",
+                    "--batch-size", "2", "--probe-seconds", "2")
+    yield started, process
+    if process.poll() is None:
+        process.kill()
+        process.communicate()
+
+
+def test_a_dataset_that_hangs_is_stopped_at_its_deadline_and_killed(hanging_dataset_run):
+    started, process = hanging_dataset_run
+    result = finish(process, 240)
     assert_one_error_line(result, 4, "gave no result within")
     assert time.monotonic() - started < 200
     assert not left_behind(result.mark)
