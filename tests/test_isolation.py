@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 
 import pytest
 from torch import nn
@@ -13,6 +15,22 @@ import memcalc
 from memcalc.errors import InputError, TraceError, UserCodeError
 
 MACHINE = {"cpus": 2, "ram_bytes": 4 << 30}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def runs_to_their_timeout(tmp_path_factory):
+    """The estimates that wait for their timeout, started in threads with the module's first
+    test (each waits in its own process; the module's other tests use that time)."""
+    pid_file = tmp_path_factory.mktemp("spawning") / "grandchild.pid"
+    with ThreadPoolExecutor(2) as pool:
+        yield pid_file, {
+            "hanging": pool.submit(partial(
+                memcalc.estimate, "tests.fixtures.models:hanging", (8,), batch_size=2,
+                isolate=True, timeout_s=8, machine=MACHINE)),
+            "spawning": pool.submit(partial(
+                memcalc.estimate, "tests.fixtures.hostile:spawning_and_hanging", (8,),
+                batch_size=2, model_args={"pid_file": str(pid_file)}, isolate=True,
+                timeout_s=10, machine=MACHINE))}
 
 
 def test_isolated_estimate_equals_the_in_process_one():
@@ -28,10 +46,10 @@ def test_a_crashing_model_does_not_take_the_caller_down():
                          timeout_s=120, machine=MACHINE)
 
 
-def test_a_hanging_model_is_stopped_at_the_timeout():
+def test_a_hanging_model_is_stopped_at_the_timeout(runs_to_their_timeout):
+    _, runs = runs_to_their_timeout
     with pytest.raises(TraceError, match=r"did not finish in 8 s"):
-        memcalc.estimate("tests.fixtures.models:hanging", (8,), batch_size=2, isolate=True,
-                         timeout_s=8, machine=MACHINE)
+        runs["hanging"].result(timeout=300)
 
 
 def test_instances_cannot_be_isolated():
@@ -51,12 +69,10 @@ def test_a_timeout_that_is_not_a_positive_finite_number_is_refused_before_starti
         memcalc.estimate("mlp", (16,), isolate=True, timeout_s=timeout_s)
 
 
-def test_the_timeout_kills_what_the_model_started(tmp_path):
-    pid_file = tmp_path / "grandchild.pid"
+def test_the_timeout_kills_what_the_model_started(runs_to_their_timeout):
+    pid_file, runs = runs_to_their_timeout
     with pytest.raises(TraceError, match=r"did not finish in 10 s"):
-        memcalc.estimate("tests.fixtures.hostile:spawning_and_hanging", (8,), batch_size=2,
-                         model_args={"pid_file": str(pid_file)}, isolate=True, timeout_s=10,
-                         machine=MACHINE)
+        runs["spawning"].result(timeout=300)
     grandchild = int(pid_file.read_text())
     time.sleep(0.5)
     assert not _running(grandchild)
