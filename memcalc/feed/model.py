@@ -13,10 +13,15 @@ training node; ``memcalc feed`` measures it). The training process is busy for
 ``main_busy`` × step + receive per batch: ``main_busy`` is ``1`` for a real GPU job (kernel
 launches, then CUDA's default synchronisation spins while the GPU works:
 ``cudaDeviceScheduleAuto`` spins when there are fewer CUDA contexts than cores), ``0`` for a
-consumer that sleeps. It takes its cores first: measured on 2 cores, workers got what it left
-rather than an equal share beside it (the scheduler runs a process waking from a wait for its
-batch ahead of the workers, and batches are taken in order, so a worker that falls behind
-holds up the others). With u the GPU-busy share and T = step / u the time between batches:
+consumer that sleeps. The model counts its cores first and gives the workers the rest. Linux
+does not: on 2 cores with two workers building, a spinning training process ran 53-76 % of its
+step (a fair share among three runnable processes; schedstat of each process). The whole core
+stands in for losses not modelled that nearly offset it: batches waiting for a pure-Python
+worker's GIL to leave it (60 % GPU-busy at 2 workers against 70 % with ``file_system``
+sharing, at the same CPU time) and workers building slower than the probe's worker (3D
+volumes: 34-37 ms of CPU a batch against 30 ms). Where neither applies (JPEG decoding) the
+prediction at 2 workers is 3-11 points low. With u the GPU-busy share and T = step / u the
+time between batches:
 
     main(u)        = u × (main_busy × step + receive) / step   cores the training process uses
     workers(u)     = min(W, A − main(u))                        cores left to the W workers
