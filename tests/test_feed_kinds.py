@@ -30,3 +30,5 @@ def test_each_kind_is_measured_in_a_real_worker(kind):
     # tests/test_feed_check.py: on a loaded machine the worker may not have started building)
     assert measured.receive_seconds is not None and measured.receive_seconds > 0
     assert measured.busy_receive_seconds is not None and measured.busy_receive_seconds > 0
+    # and building one in its own process, the 0-worker prediction
+    assert measured.main_build_seconds is not None and measured.main_build_seconds > 0

@@ -168,15 +168,17 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
 
 def feeding_report(step_s: float, step_source: str, load_s: float, load_source: str, *,
                    max_workers: int, cpus: int, batch_bytes: int, pin_memory: bool,
-                   receive_s: float = 0.0, busy_receive_s: float | None = None
-                   ) -> ThroughputReport:
+                   receive_s: float = 0.0, busy_receive_s: float | None = None,
+                   main_load_s: float | None = None) -> ThroughputReport:
     """Utilisation per worker count; the smallest count reaching 95 % within ``max_workers``.
     ``receive_s``: the training process's measured time to take a batch from an idle worker
-    (0: not measured); ``busy_receive_s`` from one building its next batch."""
+    (0: not measured); ``busy_receive_s`` from one building its next batch; ``main_load_s``
+    its own time to build a batch with no workers (None: a worker's, ``load_s``)."""
     pin_s = batch_bytes / PIN_COPY_BYTES_PER_S if pin_memory else 0.0
     needed = max(1, math.ceil(TARGET_UTILIZATION * load_s / step_s))
     table = [WorkerUtilization(num_workers=w, expected_gpu_utilization=utilization(
-        w, step_s, load_s, cpus, pin_s, receive_s=receive_s)) for w in range(max_workers + 1)]
+        w, step_s, load_s, cpus, pin_s, receive_s=receive_s, main_load_s=main_load_s))
+        for w in range(max_workers + 1)]
     reaching = [row.num_workers for row in table
                 if row.expected_gpu_utilization >= TARGET_UTILIZATION]
     # short of the target: the fewest workers near the best (more only cost RAM where the
@@ -190,6 +192,9 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
     taking = (f"taking a batch from a worker costs the training process {receive_s * 1e3:.3g} "
               "ms (measured in the probe)" if receive_s else
               "taking a batch from a worker costs the training process no time")
+    building = (f"with 0 workers the training process builds a batch in {main_load_s * 1e3:.3g} "
+                "ms (measured in the probe's own process)" if main_load_s is not None else
+                "with 0 workers the training process builds a batch as fast as a worker")
     return ThroughputReport(
         step_time_s=step_s, step_time_source=step_source, batch_load_time_s=load_s,
         batch_load_source=load_source, workers_needed=needed, num_workers=chosen,
@@ -198,7 +203,7 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
         + ([handover] if handover else []),
         assumptions=[
             "workers build batches in parallel, one each at a time; prefetch absorbs jitter "
-            "only; with 0 workers loading and the step alternate",
+            f"only; with 0 workers loading and the step alternate ({building})",
             f"{cpus} CPUs: the training process keeps one busy while its step runs (kernel "
             "launches, then CUDA's spin-wait synchronisation), the workers share the rest; "
             f"{taking}; no other load on the node",

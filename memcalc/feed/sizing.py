@@ -64,22 +64,25 @@ def _throughput(inputs: HostInputs, host_spec: HostSpec) -> ThroughputReport | N
     step = _step_time(inputs) if load is not None else None
     if step is None or load is None:
         return None
-    receive_s, busy_receive_s = _receive_times(inputs)
+    receive_s, busy_receive_s, main_load_s = _main_process_times(inputs)
     return feeding_report(step[0], step[1], load[0], load[1],
                           max_workers=capacity.max_num_workers, cpus=host_spec.machine.cpus,
                           batch_bytes=capacity.batch_bytes, pin_memory=host_spec.pin_memory,
-                          receive_s=receive_s, busy_receive_s=busy_receive_s)
+                          receive_s=receive_s or 0.0, busy_receive_s=busy_receive_s,
+                          main_load_s=main_load_s)
 
 
-def _receive_times(inputs: HostInputs) -> tuple[float, float | None]:
-    """The probe's hand-over times (0 and None where not measured), scaled from the probe's
-    batch to the job's as its batch bytes are."""
+def _main_process_times(inputs: HostInputs) -> tuple[float | None, ...]:
+    """The probe's times for the training process itself (None where not measured): taking
+    a batch from an idle worker and from a building one, and building one with no workers;
+    scaled from the probe's batch to the job's as its samples are."""
     measured = inputs.measurement
-    if measured is None or measured.receive_seconds is None:
-        return 0.0, None
+    if measured is None:
+        return None, None, None
     scale = inputs.device.batch_size / measured.batch_size
-    busy = measured.busy_receive_seconds
-    return measured.receive_seconds * scale, None if busy is None else busy * scale
+    return tuple(None if seconds is None else seconds * scale
+                 for seconds in (measured.receive_seconds, measured.busy_receive_seconds,
+                                 measured.main_build_seconds))
 
 
 def _step_time(inputs: HostInputs) -> tuple[float, str] | None:

@@ -48,6 +48,9 @@ class WorkerMeasurement(BaseModel):
     None where it was not timed (the dataset ended, or batches too slow for its budget)."""
     busy_receive_seconds: float | None = None
     """The same from the worker while it builds its next batch."""
+    main_build_seconds: float | None = None
+    """The probe's own process building a batch with no worker, with a core to itself (the
+    0-worker prediction); None where not timed (the dataset ended, or batches too slow)."""
     malloc_env: dict[str, str]
 
     @property
