@@ -19,6 +19,7 @@ import torch
 from tests.fixtures.data_kinds import FEED_CASES
 from benchmarks.results import publish
 from memcalc.feed.check import CONSUMERS, feed_check
+from memcalc.feed.model import utilization
 from memcalc.host import LoaderSpec, detect_machine, measure_worker
 
 RESULTS = Path(__file__).with_name("results-feed.md")
@@ -31,9 +32,10 @@ def main() -> None:
     cpus = detect_machine().cpus
     counts = list(range(cpus + 1))
     lines = ["| kind | batch | step | worker sample | main build | receive | busy receive "
-             "| consumer | workers | predicted | measured | difference | other load |",
-             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
-    misses, started = [], time.perf_counter()
+             "| consumer | workers | predicted | measured | difference | other load "
+             "| from the probe alone | its difference |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    misses, probe_misses, started = [], [], time.perf_counter()
     for name, case in FEED_CASES.items():
         sample = measure_worker(LoaderSpec(dataset=case.reference, probe_seconds=PROBE_SECONDS),
                                 case.batch_size)
@@ -45,6 +47,10 @@ def main() -> None:
                 points = 100 * (row.predicted_gpu_utilization - row.measured_gpu_utilization)
                 if abs(points) > LIMIT_POINTS:
                     misses.append(f"{name} {consumer} {row.num_workers}")
+                alone = _from_the_probe(sample, case, row, cpus, consumer, check.wake_wait_s)
+                alone_points = 100 * (alone - row.measured_gpu_utilization)
+                if abs(alone_points) > LIMIT_POINTS:
+                    probe_misses.append(f"{name} {consumer} {row.num_workers}")
                 receive = f"{row.receive_s * 1e3:.1f} ms" if row.receive_s else "–"
                 lines.append(
                     f"| {name} | {case.batch_size} | {case.step_s * 1e3:.0f} ms | "
@@ -53,10 +59,16 @@ def main() -> None:
                     f"{check.busy_receive_s * 1e3:.1f} ms | {consumer} | "
                     f"{row.num_workers} | {row.predicted_gpu_utilization:.0%} | "
                     f"{row.measured_gpu_utilization:.0%} | {points:+.1f} | "
-                    f"{row.other_busy_cpus:.2f} |")
+                    f"{row.other_busy_cpus:.2f} | {alone:.0%} | {alone_points:+.1f} |")
     rows = len(lines) - 2
     lines += ["", f"{rows - len(misses)} of {rows} rows within {LIMIT_POINTS} points"
               + (f"; outside: {', '.join(misses)}" if misses else "") + ".",
+              "", f"From the probe alone: {rows - len(probe_misses)} of {rows} within "
+              f"{LIMIT_POINTS} points" + (f"; outside: {', '.join(probe_misses)}"
+                                          if probe_misses else "") + ". What `memcalc estimate "
+              "--dataset` predicts: the same model with the main process's build and receive "
+              "from the probe (`WorkerMeasurement.main_build_seconds`, `receive_seconds`), "
+              "timed once in the probe's process, not on each row's own loader.",
               "", "Worker sample: the probe's time per sample in one real worker with its waits "
               "for a CPU taken out (`WorkerMeasurement.feeding_seconds_per_sample`), what the "
               "predictions with workers are made from. Main build and receive: the main "
@@ -74,6 +86,16 @@ def main() -> None:
               f"{cpus} CPUs ({platform.processor() or platform.machine()}); "
               f"{time.perf_counter() - started:.0f} s in all."]
     publish(RESULTS, "Feeding: predicted vs measured GPU-busy share by kind of data", lines)
+
+
+def _from_the_probe(sample, case, row, cpus: int, consumer: str, wake_wait_s: float) -> float:
+    """The row's prediction from the probe's times alone, as ``memcalc estimate`` makes it."""
+    return utilization(row.num_workers, case.step_s,
+                       sample.feeding_seconds_per_sample * case.batch_size, cpus,
+                       main_busy=CONSUMERS[consumer].main_busy,
+                       other_busy_cpus=row.other_busy_cpus,
+                       receive_s=sample.receive_seconds or 0.0,
+                       main_load_s=sample.main_build_seconds, wake_wait_s=wake_wait_s)
 
 
 if __name__ == "__main__":
