@@ -241,14 +241,15 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     emit("timing", batches=TIMING_BATCHES)
     timed, cpu = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
                                  shared_pid.value)
-    handover = {}
-    if len(timed) <= 3:     # the dataset ended: the memory phase's arrivals, sampler and all
+    ended = len(timed) <= 3
+    if ended:               # the dataset ended: the memory phase's arrivals, sampler and all
         timed, cpu = arrivals[1:], []
-    else:
-        handover = _handover(batches, _median_interval(timed), config["prefetch_factor"])
+    # the training process's own times: taking batches from the worker, building them itself
+    main_times = {} if ended else _handover(batches, _median_interval(timed),
+                                            config["prefetch_factor"])
     del batches, loader
-    if len(timed) > 3:
-        handover |= _main_build(dataset, config["batch_size"], _median_interval(timed))
+    if not ended:
+        main_times |= _main_build(dataset, config["batch_size"], _median_interval(timed))
     seconds_per_sample = _median_interval(timed) / config["batch_size"]
     half = series[len(series) // 2:]
     slope = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else 0.0
@@ -261,7 +262,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         "seconds_per_sample": seconds_per_sample,
         "core_seconds_per_sample": (_median_core_interval(timed, cpu) / config["batch_size"]
                                     if cpu else None),
-        "stopped_by": stopped_by, **handover,
+        "stopped_by": stopped_by, **main_times,
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
 
