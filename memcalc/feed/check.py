@@ -13,7 +13,6 @@ also times, once, taking one from a worker that is building its next (the GIL wa
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 from functools import partial
@@ -24,8 +23,8 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.feed.model import slow_handover_warning, utilization
-from memcalc.host.handover import Handover, idle_takes, time_handover
-from memcalc.host.machine import OtherLoad, core_seconds
+from memcalc.host.handover import Handover, median_take, time_handover
+from memcalc.host.machine import OtherLoad
 from memcalc.host.wake_latency import spin, wake_wait_s
 from memcalc.model.user_code import load_dataset
 
@@ -133,10 +132,9 @@ def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
     steps(WARMUP_BATCHES + workers)     # worker start-up and queue fill
     build_s = receive_s = None
     if workers == 0:
-        build_s = statistics.median(core_seconds(partial(next, iterator))
-                                    for _ in range(BUILD_BATCHES))
+        build_s = median_take(iterator, BUILD_BATCHES)
     else:
-        receive_s = idle_takes(iterator, 3 * worker_batch_s + 0.005, RECEIVE_BATCHES)
+        receive_s = median_take(iterator, RECEIVE_BATCHES, 3 * worker_batch_s + 0.005)
         steps(workers)                  # the queue filled again
     with OtherLoad() as others:
         start = time.perf_counter()

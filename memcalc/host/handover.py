@@ -34,13 +34,15 @@ def time_handover(batches: Iterator, wait_s: float, rounds: int, building_s: flo
     return Handover(statistics.median(idle), statistics.median(busy))
 
 
-def idle_takes(batches: Iterator, wait_s: float, rounds: int) -> float:
-    """Median time to take a batch after waiting ``wait_s`` each time (every worker done and
-    idle), ``rounds`` times."""
+def median_take(batches: Iterator, rounds: int, wait_s: float = 0.0) -> float:
+    """Median time to take the next batch with a core to itself, ``rounds`` times, each after
+    waiting ``wait_s``: from workers all done and idle (a long enough wait), or built by this
+    process itself (a loader with no workers, no wait)."""
     return statistics.median(_take(batches, wait_s) for _ in range(rounds))
 
 
 def _take(batches: Iterator, wait_s: float) -> float:
     """Wait ``wait_s``, then the time to take the next batch with a core to itself."""
-    time.sleep(wait_s)
+    if wait_s > 0:
+        time.sleep(wait_s)
     return core_seconds(partial(next, batches))

@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.host.child_events import emit, run_child
-from memcalc.host.handover import time_handover
-from memcalc.host.machine import core_seconds, core_time, cpu_run_and_wait_seconds
+from memcalc.host.handover import median_take, time_handover
+from memcalc.host.machine import core_time, cpu_run_and_wait_seconds
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
 
@@ -183,11 +183,9 @@ def _main_build(dataset, batch_size: int, batch_s: float) -> dict[str, float]:
     batches = iter(DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=0))
     try:
         next(batches)
-        times = [core_seconds(functools.partial(next, batches))
-                 for _ in range(MAIN_BUILD_BATCHES)]
+        return {"main_build_seconds": median_take(batches, MAIN_BUILD_BATCHES)}
     except StopIteration:
         return {}
-    return {"main_build_seconds": statistics.median(times)}
 
 
 def _plateaued(series: list[int]) -> bool:
