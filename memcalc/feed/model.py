@@ -110,7 +110,7 @@ def slow_handover_warning(receive_s: float, busy_receive_s: float | None) -> str
     return (f"a batch takes {busy_receive_s * 1e3:.3g} ms to leave a worker that is building "
             f"the next one, against {receive_s * 1e3:.3g} ms from an idle one: each tensor's "
             "file-descriptor hand-over needs the worker's GIL, which its Python code holds. "
-            "With a training step that keeps a core busy, such Datasets ran up to 10 points "
+            "With a training step that keeps a core busy, such Datasets ran up to 11 points "
             "below the prediction at 2 workers on 2 cores; "
             "torch.multiprocessing.set_sharing_strategy('file_system') removes the hand-over")
 
