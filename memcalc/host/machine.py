@@ -181,6 +181,30 @@ class OtherLoad:
         return time.monotonic(), total, idle, own
 
 
+def minor_faults(pid: int) -> int | None:
+    """Page faults the process has taken that mapped a page without reading storage
+    (``/proc/PID/stat``'s minflt): each is a fresh page the kernel zeroed or a shared page
+    mapped in. None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def huge_page_faults() -> tuple[int, int] | None:
+    """Transparent huge pages the kernel has faulted in, machine-wide (``/proc/vmstat``'s
+    thp_fault_alloc; each also counts once in its process's minflt), and their size; None
+    where the kernel does not say."""
+    try:
+        with open("/proc/vmstat") as vmstat:
+            counts = dict(line.split() for line in vmstat if line.startswith("thp_fault_alloc "))
+        size = Path("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+        return int(counts["thp_fault_alloc"]), int(size.read_text()) if size.exists() else 2 << 20
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def cpu_wait_seconds(pid: int) -> float | None:
     """Seconds the process's main thread has spent runnable but waiting for a CPU, from
     ``/proc/PID/schedstat`` (its second field, in ns; the kernel's scheduler statistics);

@@ -28,7 +28,12 @@ from torch.utils.data import DataLoader
 from memcalc.errors import InputError
 from memcalc.host.child_events import emit, run_child
 from memcalc.host.handover import median_take, time_handover
-from memcalc.host.machine import core_time, cpu_run_and_wait_seconds
+from memcalc.host.machine import (
+    core_time,
+    cpu_run_and_wait_seconds,
+    huge_page_faults,
+    minor_faults,
+)
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
 
@@ -109,10 +114,12 @@ class _WorkerWatch:
 
 
 def _timed_arrivals(batches, seconds: float, worker_pid: int
-                    ) -> tuple[list[float], list[tuple[float, float]]]:
+                    ) -> tuple[list[float], list[tuple[float, float]], int | None]:
     """Arrival times of up to TIMING_BATCHES more batches, nothing else running beside them
-    (empty at the dataset's end), and the worker's (seconds run, seconds waited for a CPU)
-    so far at each arrival (empty where the kernel does not say)."""
+    (empty at the dataset's end), the worker's (seconds run, seconds waited for a CPU) so
+    far at each arrival (empty where the kernel does not say), and the fresh memory the
+    worker mapped meanwhile (``_fresh_bytes``; None where not known)."""
+    faults = _fault_counts(worker_pid)
     arrivals, cpu = [time.monotonic()], [cpu_run_and_wait_seconds(worker_pid)]
     deadline = arrivals[0] + seconds
     for batch in itertools.islice(batches, TIMING_BATCHES):
@@ -121,7 +128,25 @@ def _timed_arrivals(batches, seconds: float, worker_pid: int
         cpu.append(cpu_run_and_wait_seconds(worker_pid))
         if arrivals[-1] > deadline:
             break
-    return arrivals, ([] if None in cpu else cpu)
+    return arrivals, ([] if None in cpu else cpu), _fresh_bytes(faults, _fault_counts(worker_pid))
+
+
+def _fault_counts(pid: int) -> tuple[int, int, int] | None:
+    """The worker's minor faults, the machine's huge-page faults and the huge page's size."""
+    minor, huge = minor_faults(pid), huge_page_faults()
+    return None if minor is None else (minor, *(huge or (0, 0)))
+
+
+def _fresh_bytes(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
+                 ) -> int | None:
+    """Memory mapped afresh between two ``_fault_counts``: each minor fault a page, those that
+    were huge pages (counted machine-wide: the probe's own process maps none meanwhile) the
+    rest of a huge page."""
+    if before is None or after is None:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    huge = max(0, after[1] - before[1])
+    return (after[0] - before[0]) * page + huge * max(0, after[2] - page)
 
 
 def _median_interval(times: list[float]) -> float:
@@ -145,21 +170,6 @@ def _worker_share(pid: int) -> int:
     except Exception:   # not started yet, or exiting
         return 0
     return max(0, worker.pss_private_bytes - (worker.uss_bytes - worker.pss_shmem_bytes))
-
-
-def _collate_one_batch(dataset, batch_size: int) -> None:
-    """Build and drop one batch here before the worker is forked: a forked worker inherits
-    this process's allocator state (glibc's dynamic mmap threshold), and a training script's
-    workers, or ``memcalc feed``'s, start from a parent that has built batches too (large
-    numpy temporaries ran 8 ms a sample after this, 9-12 ms without)."""
-    from torch.utils.data import default_collate
-
-    try:
-        count = min(batch_size, len(dataset))
-    except TypeError:       # no len(): an iterable-style dataset
-        return
-    batch = default_collate([dataset[index] for index in range(count)])
-    del batch
 
 
 def _handover(batches, batch_s: float, prefetch: int) -> dict[str, float]:
@@ -209,7 +219,6 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     model_input = _model_input(first, config.get("input_key"))
     sample_bytes = sum(t.nbytes for t in _tensors(first))
     del first
-    _collate_one_batch(dataset, config["batch_size"])
     context = multiprocessing.get_context(config["start_method"])
     shared_pid = context.Value("i", 0)
     loader = DataLoader(dataset, batch_size=config["batch_size"], shuffle=True, num_workers=1,
@@ -237,11 +246,11 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     watch.stop = True
     watch.thread.join()
     emit("timing", batches=TIMING_BATCHES)
-    timed, cpu = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
-                                 shared_pid.value)
+    timed, cpu, fresh = _timed_arrivals(batches, min(5.0, TIMING_SHARE * config["seconds"]),
+                                        shared_pid.value)
     ended = len(timed) <= 3
     if ended:               # the dataset ended: the memory phase's arrivals, sampler and all
-        timed, cpu = arrivals[1:], []
+        timed, cpu, fresh = arrivals[1:], [], None
     # the training process's own times: taking batches from the worker, building them itself
     main_times = {} if ended else _handover(batches, _median_interval(timed),
                                             config["prefetch_factor"])
@@ -261,6 +270,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         "core_seconds_per_sample": (_median_core_interval(timed, cpu) / config["batch_size"]
                                     if cpu else None),
         "stopped_by": stopped_by, **main_times,
+        "fault_bytes_per_batch": None if fresh is None else fresh / (len(timed) - 1),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
     }
 
