@@ -263,6 +263,7 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer
     """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
     from memcalc.feed.check import feed_check
     from memcalc.host import LoaderSpec, detect_machine, measure_worker
+    from memcalc.host.malloc_thresholds import churn_warning
     from memcalc.render.feed import feed_renderable
     from memcalc.render.verdict import feed_verdict
 
@@ -274,6 +275,9 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer
                                 seconds_per_sample=sample.feeding_seconds_per_sample,
                                 cpus=cpus or detect_machine().cpus, batches=batches,
                                 consumer=consumer)
+            churning = churn_warning(sample)
+            if churning:
+                result = result.model_copy(update={"warnings": result.warnings + [churning]})
         _show(result, as_json, feed_renderable, feed_verdict)
 
     _run_guarded(ctx, work)

@@ -52,6 +52,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict
 
+from memcalc.host.report import MallocFix
 from memcalc.units import counted
 
 TARGET_UTILIZATION = 0.95
@@ -94,6 +95,9 @@ class ThroughputReport(BaseModel):
     by_workers: list[WorkerUtilization]
     advice: list[str]
     assumptions: list[str]
+    malloc_fix: MallocFix | None = None
+    """The worker measured again with glibc's malloc thresholds fixed, where that made it
+    faster (``memcalc.host.malloc_thresholds``; in the advice, not in the table)."""
 
 
 SLOW_HANDOVER_S = 0.002

@@ -3,13 +3,14 @@ busy within that, then the host report at the worker count that does."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.speed import compute_seconds, peak_flops
 from memcalc.feed.model import ThroughputReport, feeding_report
 from memcalc.host import HostSpec, WorkerMeasurement, detect_machine, host_estimate
+from memcalc.host.malloc_thresholds import declined, malloc_advice, malloc_fix
 from memcalc.host.measure import Progress, measured_host_estimate, with_measured_sample
 from memcalc.host.report import HostReport
 from memcalc.host.workers import worker_capacity
@@ -39,11 +40,34 @@ def host_and_throughput(inputs: HostInputs, progress: Progress | None = None
     if measurement is not None:
         host_spec = with_measured_sample(host_spec, measurement)
     throughput = _throughput(inputs, host_spec)
+    if throughput is not None and measurement is not None:
+        throughput = _with_malloc_fix(inputs, host_spec, throughput, progress)
     if throughput is not None:
         host_spec = host_spec.model_copy(update={"workers_needed": throughput.num_workers})
     host = (measured_host_estimate(host_spec, measurement, progress) if measurement
             else host_estimate(host_spec))
     return host, throughput
+
+
+def _with_malloc_fix(inputs: HostInputs, host_spec: HostSpec, throughput: ThroughputReport,
+                     progress: Progress | None) -> ThroughputReport:
+    """Where the worker maps its temporaries afresh for every batch, the probe again with
+    glibc's thresholds fixed (``host.malloc_thresholds``): advice with both measurements where that
+    is worth it, an assumption line saying why where it is not. The table stays as measured."""
+    measured = inputs.measurement
+    fix = malloc_fix(host_spec.loader, measured, progress)
+    if fix is None:
+        return throughput
+    reason = declined(fix, measured)
+    if reason:
+        return throughput.model_copy(update={"assumptions": throughput.assumptions + [reason]})
+    fixed = _throughput(replace(inputs, measurement=fix.measurement), host_spec)
+    workers = throughput.num_workers
+    rows = {row.num_workers: row.expected_gpu_utilization for row in fixed.by_workers}
+    advice = malloc_advice(fix, measured, workers, throughput.expected_gpu_utilization,
+                           rows.get(workers, fixed.expected_gpu_utilization))
+    return throughput.model_copy(update={"malloc_fix": fix,
+                                         "advice": [advice] + throughput.advice})
 
 
 def _host_spec(inputs: HostInputs) -> HostSpec:

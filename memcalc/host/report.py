@@ -51,6 +51,11 @@ class WorkerMeasurement(BaseModel):
     main_build_seconds: float | None = None
     """The probe's own process building a batch with no worker, with a core to itself (the
     0-worker prediction); None where not timed (the dataset ended, or batches too slow)."""
+    fault_bytes_per_batch: float | None = None
+    """Fresh memory the worker mapped per batch in the timing phase: its page faults
+    (``/proc/PID/stat``) × the page size, plus the machine's huge-page faults meanwhile. About the
+    batch's own bytes (written into shared memory) where the worker reuses its temporaries;
+    far above where its allocator hands them back to the kernel (``host.malloc_thresholds``)."""
     malloc_env: dict[str, str]
 
     @property
@@ -70,6 +75,19 @@ class HostFix(BaseModel):
     per_worker_bytes: int
     max_num_workers: int
     measurement: WorkerMeasurement
+
+
+class MallocFix(BaseModel):
+    """The worker measured again with glibc's malloc thresholds fixed (``host.malloc_thresholds``)."""
+
+    model_config = _FROZEN
+
+    env: dict[str, str]
+    fault_bytes_per_batch: float
+    """What the worker mapped afresh per batch without them."""
+    batch_bytes: int
+    measurement: WorkerMeasurement
+    """The second probe's, with ``env`` set for its whole process."""
 
 
 class VerifyReport(BaseModel):
