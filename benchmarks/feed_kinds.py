@@ -4,11 +4,18 @@ waiting on CUDA) and one that sleeps, at 0 … cores workers. Prints the table a
 benchmarks/results-feed.md.
 
     python -m benchmarks.feed_kinds
+
+It runs with glibc's two malloc thresholds set (``REUSE_ENV``; it starts itself again with them
+where they are not): workers that map their temporaries afresh for every batch otherwise take
+a time that depends on what this process allocated before starting them, 31-50 ms a batch
+for the 3D volumes (``benchmarks/feed_malloc.py``), which no probe can foresee.
 """
 
 from __future__ import annotations
 
+import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -21,11 +28,14 @@ from benchmarks.results import publish
 from memcalc.feed.check import CONSUMERS, feed_check
 from memcalc.feed.model import utilization
 from memcalc.host import LoaderSpec, detect_machine, measure_worker
+from memcalc.host.malloc_thresholds import reuse_env
 
 RESULTS = Path(__file__).with_name("results-feed.md")
 PROBE_SECONDS = 8
 BATCHES = 30
 LIMIT_POINTS = 10
+REUSE_ENV = reuse_env(256 << 20)
+"""Above every kind's worker peak."""
 
 
 def main() -> None:
@@ -81,6 +91,10 @@ def main() -> None:
               "needs). Measured: simulated step time × batches over the wall "
               f"time of {BATCHES} batches after warm-up. Other load: cores other processes "
               "kept busy meanwhile (the prediction shares the CPUs with them).",
+              "", "Run with " + " and ".join(f"`{key}={value}`" for key, value in
+                                            REUSE_ENV.items())
+              + " (the probe and every loader): see benchmarks/results-malloc.md for the "
+              "same workers without them.",
               "", f"Linux {platform.release()}, Python {platform.python_version()}, torch "
               f"{torch.__version__}, numpy {np.__version__}, Pillow {PIL.__version__}; "
               f"{cpus} CPUs ({platform.processor() or platform.machine()}); "
@@ -99,4 +113,7 @@ def _from_the_probe(sample, case, row, cpus: int, consumer: str, wake_wait_s: fl
 
 
 if __name__ == "__main__":
+    if any(os.environ.get(key) != value for key, value in REUSE_ENV.items()):
+        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.feed_kinds"],
+                  {**os.environ, **REUSE_ENV})
     main()

@@ -7,8 +7,8 @@ so later requests of that size come from the heap, whose top goes back to the ke
 the trim threshold (twice the mmap threshold). Which of these a worker's temporaries meet
 depends on what the training process allocated before it started its workers, which the
 workers inherit: measured here (``benchmarks/results-malloc.md``), 3D volumes (6 MiB
-float32 temporaries) cost a worker 31, 34 or 47 ms a batch by that history alone, slice
-stacks 20 or 28 ms. The fresh pages show in the worker's page faults
+float32 temporaries) cost a worker 31-50 ms a batch by that history alone, slice stacks
+20 or 29 ms. The fresh pages show in the worker's page faults
 (``WorkerMeasurement.fault_bytes_per_batch``): near the batch it writes into shared memory
 where it reuses its temporaries, far above where it maps them afresh.
 
@@ -97,7 +97,9 @@ def malloc_advice(fix: MallocFix, measured: WorkerMeasurement, workers: int,
     return (f"the workers map {format_bytes(int(fix.fault_bytes_per_batch))} of fresh memory "
             f"per batch of {measured.batch_size} ({format_bytes(fix.batch_bytes)}): glibc hands "
             "their temporaries back to the kernel and they are faulted in again, at a cost that "
-            "depends on what the training process allocated before starting them. With "
+            "depends on what the training process allocated before starting them (the table "
+            "is this probe's worker; the 3D volumes of benchmarks/results-malloc.md took 31-50 "
+            "ms a batch by that history alone, 33 ms with the thresholds set). With "
             f"`{env}` in the job's environment a worker built a sample in "
             f"{fix.measurement.feeding_seconds_per_sample * 1e3:.3g} ms against "
             f"{measured.feeding_seconds_per_sample * 1e3:.3g} ms (peak "
@@ -118,6 +120,6 @@ def churn_warning(measured: WorkerMeasurement) -> str | None:
     return (f"the worker maps {format_bytes(int(measured.fault_bytes_per_batch))} of fresh "
             f"memory per batch of {measured.batch_size} ({format_bytes(measured.batch_bytes)}): "
             "its time per batch depends on what this process allocated before starting it, "
-            "so rows can disagree with the prediction by that alone (3D volumes: 31-47 ms a "
+            "so rows can disagree with the prediction by that alone (3D volumes: 31-50 ms a "
             f"batch, benchmarks/results-malloc.md); run the check with `{env}` set for a "
             "repeatable one, and train with it")
