@@ -15,7 +15,7 @@ where it reuses its temporaries, far above where it maps them afresh.
 Where they are far above, the probe runs again with both thresholds fixed above the worker's
 peak (``reuse_env``): temporaries then stay in the heap and are reused, at the same peak.
 Fixing the trim threshold alone also stops the mmap threshold rising from 128 KiB, so every
-large temporary is mapped afresh (slice stacks: 94 ms a batch): both or neither.
+large temporary is mapped afresh (slice stacks: 95 ms a batch): both or neither.
 """
 
 from __future__ import annotations
