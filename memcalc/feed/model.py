@@ -234,8 +234,10 @@ def _advice(bound: str, needed: int, max_workers: int, expected: float, pin_s: f
                 "worker (mapping its shared memory, freeing the one before), so the GPU is busy "
                 f"about {expected:.0%} of the time whatever the workers: send smaller tensors "
                 "(uint8 or float16, normalised on the GPU)"]
-    lines = [f"{bound.upper()}-bound: {counted(needed, 'worker')} would keep the GPU busy but at most "
-             f"{max_workers} fit the CPUs and RAM; the GPU is busy about {expected:.0%} of the "
+    limit = (f"at most {max_workers} fit the CPUs and RAM" if needed > max_workers else
+             "the CPUs they would each need are shared with the training process")
+    lines = [f"{bound.upper()}-bound: {counted(needed, 'worker')} would keep the GPU busy but "
+             f"{limit}; the GPU is busy about {expected:.0%} of the "
              f"time ({1 / expected:.1f}× the GPU-bound step time)"]
     if pin_s and pin_s > step_s:
         lines.append("the pin-memory copy alone is slower than the step: send uint8 and "

@@ -94,12 +94,10 @@ def malloc_advice(fix: MallocFix, measured: WorkerMeasurement, workers: int,
     """The advice line: the env to set, and what it changed in the measured worker and in
     the GPU-busy share at ``workers`` (``as_is`` without it, ``fixed`` with it)."""
     env = " ".join(f"{key}={value}" for key, value in fix.env.items())
-    return (f"the workers map {format_bytes(int(fix.fault_bytes_per_batch))} of fresh memory "
-            f"per batch of {measured.batch_size} ({format_bytes(fix.batch_bytes)}): glibc hands "
-            "their temporaries back to the kernel and they are faulted in again, at a cost that "
-            "depends on what the training process allocated before starting them (the table "
-            "is this probe's worker; the 3D volumes of benchmarks/results-malloc.md took 31-50 "
-            "ms a batch by that history alone, 33 ms with the thresholds set). With "
+    return (f"the workers map {format_bytes(int(fix.fault_bytes_per_batch))} afresh per batch "
+            f"of {measured.batch_size} ({format_bytes(fix.batch_bytes)} of batch): glibc hands "
+            "their temporaries back to the kernel, and what that costs depends on what the "
+            "training process allocated before starting them (the table is one draw). With "
             f"`{env}` in the job's environment a worker built a sample in "
             f"{fix.measurement.feeding_seconds_per_sample * 1e3:.3g} ms against "
             f"{measured.feeding_seconds_per_sample * 1e3:.3g} ms (peak "
@@ -119,7 +117,7 @@ def churn_warning(measured: WorkerMeasurement) -> str | None:
                    reuse_env(measured.worker_peak_bytes).items())
     return (f"the worker maps {format_bytes(int(measured.fault_bytes_per_batch))} of fresh "
             f"memory per batch of {measured.batch_size} ({format_bytes(measured.batch_bytes)}): "
-            "its time per batch depends on what this process allocated before starting it, "
-            "so rows can disagree with the prediction by that alone (3D volumes: 31-50 ms a "
-            f"batch, benchmarks/results-malloc.md); run the check with `{env}` set for a "
-            "repeatable one, and train with it")
+            "its time per batch depends on what this process allocated before starting it "
+            "(up to 44 % more for the same code), so rows can disagree with the prediction by "
+            f"that alone; run the check with `{env}` set for a repeatable one, and train with "
+            "it")
