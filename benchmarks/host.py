@@ -17,6 +17,7 @@ from tests.fixtures.host_datasets import HOST_CASES
 from tests.fixtures.host_truth import host_truth
 from benchmarks.results import publish
 from memcalc.host.measure import measure_worker, measured_host_estimate
+from memcalc.host.report import env_text
 from memcalc.host.workers import host_estimate
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 
@@ -42,8 +43,7 @@ def glibc_rows() -> list[str]:
             f"({report.measurement.batches} batches, {report.measurement.stopped_by}) | "
             f"{report.per_worker_bytes / MIB:,.0f} MiB | {report.max_num_workers} |"]
     if report.fix is not None:
-        env = " ".join(f"{key}={value}" for key, value in report.fix.env.items())
-        rows.append(f"| {env} | {report.fix.measurement.worker_peak_bytes / MIB:,.0f} MiB | "
+        rows.append(f"| {env_text(report.fix.env)} | {report.fix.measurement.worker_peak_bytes / MIB:,.0f} MiB | "
                     f"{report.fix.per_worker_bytes / MIB:,.0f} MiB | {report.fix.max_num_workers} |")
     return rows
 

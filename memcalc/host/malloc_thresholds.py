@@ -23,7 +23,7 @@ from __future__ import annotations
 import platform
 
 from memcalc.host.measure import Progress, measure_worker
-from memcalc.host.report import MallocFix, WorkerMeasurement
+from memcalc.host.report import MallocFix, WorkerMeasurement, env_text
 from memcalc.host.specs import LoaderSpec
 from memcalc.units import format_bytes
 
@@ -93,12 +93,11 @@ def malloc_advice(fix: MallocFix, measured: WorkerMeasurement, workers: int,
                      as_is: float, fixed: float) -> str:
     """The advice line: the env to set, and what it changed in the measured worker and in
     the GPU-busy share at ``workers`` (``as_is`` without it, ``fixed`` with it)."""
-    env = " ".join(f"{key}={value}" for key, value in fix.env.items())
     return (f"the workers map {format_bytes(int(fix.fault_bytes_per_batch))} afresh per batch "
             f"of {measured.batch_size} ({format_bytes(fix.batch_bytes)} of batch): glibc hands "
             "their temporaries back to the kernel, and what that costs depends on what the "
             "training process allocated before starting them (the table is one draw). With "
-            f"`{env}` in the job's environment a worker built a sample in "
+            f"`{env_text(fix.env)}` in the job's environment a worker built a sample in "
             f"{fix.measurement.feeding_seconds_per_sample * 1e3:.3g} ms against "
             f"{measured.feeding_seconds_per_sample * 1e3:.3g} ms (peak "
             f"{format_bytes(fix.measurement.worker_peak_bytes)} against "
@@ -113,8 +112,7 @@ def churn_warning(measured: WorkerMeasurement) -> str | None:
     churn."""
     if not churns(measured):
         return None
-    env = " ".join(f"{key}={value}" for key, value in
-                   reuse_env(measured.worker_peak_bytes).items())
+    env = env_text(reuse_env(measured.worker_peak_bytes))
     return (f"the worker maps {format_bytes(int(measured.fault_bytes_per_batch))} of fresh "
             f"memory per batch of {measured.batch_size} ({format_bytes(measured.batch_bytes)}): "
             "its time per batch depends on what this process allocated before starting it "

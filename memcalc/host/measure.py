@@ -22,7 +22,7 @@ from memcalc.host.workers import (
     MMAP_THRESHOLD_MIN_BYTES,
     host_estimate,
 )
-from memcalc.host.report import HostFix, HostReport, WorkerMeasurement
+from memcalc.host.report import HostFix, HostReport, WorkerMeasurement, env_text
 from memcalc.host.shm_leftovers import group_pids, remove_torch_shm
 from memcalc.host.specs import HostSpec, LoaderSpec
 from memcalc.units import format_bytes
@@ -91,7 +91,7 @@ def measured_host_estimate(spec: HostSpec, measured: WorkerMeasurement | None = 
             cause = ("glibc's dynamic mmap threshold: after a large buffer is freed, later "
                      f"buffers up to {format_bytes(MMAP_THRESHOLD_MAX_BYTES)} come from the heap, "
                      "which fragments and is not returned")
-            warnings.append(f"cause: {cause}; with {_env_text()} a worker needs "
+            warnings.append(f"cause: {cause}; with {env_text(MALLOC_FIX_ENV)} a worker needs "
                             f"{format_bytes(fixed_report.per_worker_bytes)} instead of "
                             f"{format_bytes(report.per_worker_bytes)}")
             fix = HostFix(cause=cause, env=MALLOC_FIX_ENV, per_worker_bytes=fixed_report.per_worker_bytes,
@@ -111,10 +111,6 @@ def _glibc_heap_suspect(measured: WorkerMeasurement) -> bool:
     """Samples big enough to be mmapped at first, small enough to land in the heap later."""
     return (platform.libc_ver()[0] == "glibc" and "MALLOC_MMAP_THRESHOLD_" not in measured.malloc_env
             and MMAP_THRESHOLD_MIN_BYTES < measured.sample_bytes <= 2 * MMAP_THRESHOLD_MAX_BYTES)
-
-
-def _env_text() -> str:
-    return " ".join(f"{key}={value}" for key, value in MALLOC_FIX_ENV.items())
 
 
 def with_measured_sample(spec: HostSpec, measured: WorkerMeasurement) -> HostSpec:

@@ -10,6 +10,11 @@ from memcalc.host.specs import HostSpec
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
+def env_text(env: dict[str, str]) -> str:
+    """Environment variables as a shell prefix: ``KEY=value KEY=value``."""
+    return " ".join(f"{key}={value}" for key, value in env.items())
+
+
 class WorkerMeasurement(BaseModel):
     """One real worker run by ``memcalc.host.probe`` on the user's Dataset."""
 

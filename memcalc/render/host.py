@@ -6,7 +6,7 @@ from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
-from memcalc.host.report import HostReport, VerifyReport
+from memcalc.host.report import HostReport, VerifyReport, env_text
 from memcalc.render.helpers import bullets
 from memcalc.units import format_bytes
 
@@ -42,8 +42,7 @@ def host_renderable(host: HostReport, details: bool = True) -> Group:
     if details:
         parts.append(_terms_table(host))
     if host.fix is not None:
-        env = " ".join(f"{key}={value}" for key, value in host.fix.env.items())
-        parts.append(Panel(f"{env}: {format_bytes(host.fix.per_worker_bytes)} per worker, "
+        parts.append(Panel(f"{env_text(host.fix.env)}: {format_bytes(host.fix.per_worker_bytes)} per worker, "
                            f"max_num_workers {host.fix.max_num_workers}\ncause: {host.fix.cause}",
                            title="Fix (measured)", title_align="left"))
     if host.warnings:
