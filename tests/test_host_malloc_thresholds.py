@@ -53,8 +53,7 @@ def test_the_fix_is_declined_when_no_faster_or_when_the_heap_grows():
     measured = _measured(50 * MiB)
 
     def fix(seconds, peak):
-        return MallocFix(env=reuse_env(peak), fault_bytes_per_batch=50 * MiB,
-                         batch_bytes=10 * MiB, measurement=_measured(0, seconds=seconds, peak=peak))
+        return MallocFix(env=reuse_env(peak), measurement=_measured(0, seconds=seconds, peak=peak))
 
     assert declined(fix(0.008, 100 * MiB), measured) is None
     assert "no faster" in declined(fix(0.0095, 100 * MiB), measured)
@@ -76,10 +75,11 @@ def test_a_worker_mapping_40_mib_afresh_per_sample_is_advised_both_thresholds():
                         loader={"dataset": "tests.fixtures.host_datasets:fresh_temporaries",
                                 "probe_seconds": 2},
                         feed={"step_time_s": 0.001}, machine={"cpus": 2, "ram_bytes": 16 << 30})
-    throughput = estimate(spec).throughput
+    report = estimate(spec)
+    throughput, measured = report.throughput, report.host.measurement
     fix, temporaries = throughput.malloc_fix, BATCH * TEMPORARY_FLOATS * 4
     assert fix is not None, throughput.assumptions
-    assert fix.fault_bytes_per_batch > temporaries / 2
+    assert measured.fault_bytes_per_batch > temporaries / 2
     again = fix.measurement
     assert again.malloc_env == fix.env
     assert again.fault_bytes_per_batch < temporaries / 10     # reused, not mapped again

@@ -31,7 +31,7 @@ CHURN_FACTOR = 1.25
 CHURN_FLOOR_BYTES = 1 << 20
 """Fresh memory per batch beyond CHURN_FACTOR × the batch's bytes + this counts as a worker
 mapping its temporaries afresh (reusing them it maps the batch's shared memory and little
-else: 1.02-1.05 × on the kinds of ``benchmarks/results-malloc.md``)."""
+else: 1.04-1.09 × with both thresholds set on the kinds of ``benchmarks/results-malloc.md``)."""
 MIN_THRESHOLD_BYTES = 64 << 20
 THRESHOLD_ENV = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 MIN_GAIN = 0.10
@@ -60,14 +60,13 @@ def reuse_env(worker_peak_bytes: int) -> dict[str, str]:
 
 
 def malloc_fix(loader: LoaderSpec, measured: WorkerMeasurement,
-                  progress: Progress | None = None) -> MallocFix | None:
+               progress: Progress | None = None) -> MallocFix | None:
     """The worker measured again with ``reuse_env`` where it churns; None otherwise."""
     if not churns(measured):
         return None
     env = reuse_env(measured.worker_peak_bytes)
     again = measure_worker(loader, measured.batch_size, env=env, progress=progress)
-    return MallocFix(env=env, fault_bytes_per_batch=measured.fault_bytes_per_batch,
-                        batch_bytes=measured.batch_bytes, measurement=again)
+    return MallocFix(env=env, measurement=again)
 
 
 def declined(fix: MallocFix, measured: WorkerMeasurement) -> str | None:
@@ -78,7 +77,7 @@ def declined(fix: MallocFix, measured: WorkerMeasurement) -> str | None:
     times = (f"with {env} fixed it built a sample in "
              f"{again.feeding_seconds_per_sample * 1e3:.3g} ms against "
              f"{measured.feeding_seconds_per_sample * 1e3:.3g} ms")
-    fresh = (f"the worker mapped {format_bytes(int(fix.fault_bytes_per_batch))} afresh per "
+    fresh = (f"the worker mapped {format_bytes(int(measured.fault_bytes_per_batch))} afresh per "
              f"batch of {measured.batch_size}; ")
     if again.feeding_seconds_per_sample > (1 - MIN_GAIN) * measured.feeding_seconds_per_sample:
         return f"{fresh}{times}, no faster"
@@ -90,13 +89,14 @@ def declined(fix: MallocFix, measured: WorkerMeasurement) -> str | None:
 
 
 def malloc_advice(fix: MallocFix, measured: WorkerMeasurement, workers: int,
-                     as_is: float, fixed: float) -> str:
+                  as_is: float, fixed: float) -> str:
     """The advice line: the env to set, and what it changed in the measured worker and in
     the GPU-busy share at ``workers`` (``as_is`` without it, ``fixed`` with it)."""
-    return (f"the workers map {format_bytes(int(fix.fault_bytes_per_batch))} afresh per batch "
-            f"of {measured.batch_size} ({format_bytes(fix.batch_bytes)} of batch): glibc hands "
-            "their temporaries back to the kernel, and what that costs depends on what the "
-            "training process allocated before starting them (the table is one draw). With "
+    return (f"the workers map {format_bytes(int(measured.fault_bytes_per_batch))} afresh per "
+            f"batch of {measured.batch_size} ({format_bytes(measured.batch_bytes)} of batch): "
+            "glibc hands their temporaries back to the kernel, and what that costs depends on "
+            "what the training process allocated before starting them (the table is one "
+            "draw). With "
             f"`{env_text(fix.env)}` in the job's environment a worker built a sample in "
             f"{fix.measurement.feeding_seconds_per_sample * 1e3:.3g} ms against "
             f"{measured.feeding_seconds_per_sample * 1e3:.3g} ms (peak "

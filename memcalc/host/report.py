@@ -83,16 +83,15 @@ class HostFix(BaseModel):
 
 
 class MallocFix(BaseModel):
-    """The worker measured again with glibc's malloc thresholds fixed (``host.malloc_thresholds``)."""
+    """The worker measured again with glibc's malloc thresholds fixed
+    (``host.malloc_thresholds``)."""
 
     model_config = _FROZEN
 
     env: dict[str, str]
-    fault_bytes_per_batch: float
-    """What the worker mapped afresh per batch without them."""
-    batch_bytes: int
     measurement: WorkerMeasurement
-    """The second probe's, with ``env`` set for its whole process."""
+    """The second probe's, with ``env`` set for its whole process (the first is the host
+    report's ``measurement``)."""
 
 
 class VerifyReport(BaseModel):
