@@ -251,13 +251,13 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
     ended = len(timed) <= 3
     if ended:               # the dataset ended: the memory phase's arrivals, sampler and all
         timed, cpu, fresh = arrivals[1:], [], None
+    batch_s = _median_interval(timed)
     # the training process's own times: taking batches from the worker, building them itself
-    main_times = {} if ended else _handover(batches, _median_interval(timed),
-                                            config["prefetch_factor"])
+    main_times = {} if ended else _handover(batches, batch_s, config["prefetch_factor"])
     del batches, loader
     if not ended:
-        main_times |= _main_build(dataset, config["batch_size"], _median_interval(timed))
-    seconds_per_sample = _median_interval(timed) / config["batch_size"]
+        main_times |= _main_build(dataset, config["batch_size"], batch_s)
+    seconds_per_sample = batch_s / config["batch_size"]
     half = series[len(series) // 2:]
     slope = (half[-1] - half[0]) / max(1, len(half) - 1) if len(half) > 1 else 0.0
     return {
