@@ -7,7 +7,7 @@ benchmarks/results-feed.md.
 
 It runs with glibc's two malloc thresholds set (``REUSE_ENV``; it starts itself again with them
 where they are not): workers that map their temporaries afresh for every batch otherwise take
-a time that depends on what this process allocated before starting them, 31-50 ms a batch
+a time that depends on what this process allocated before starting them, 30-52 ms a batch
 for the 3D volumes (``benchmarks/feed_malloc.py``), which no probe can foresee.
 """
 

@@ -4,7 +4,7 @@
 Each history runs in a fresh interpreter that loads the Dataset, does what the history says,
 then starts a 1-worker DataLoader and takes batches slower than the worker builds them, so
 the worker never waits for a CPU or an index: its CPU time per batch (``/proc/PID/schedstat``)
-and its page faults per batch. Writes benchmarks/results-malloc.md.
+and the fresh memory it maps per batch. Writes benchmarks/results-malloc.md.
 
     python -m benchmarks.feed_malloc
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from benchmarks.results import publish
 from memcalc.host import LoaderSpec, measure_worker
 from memcalc.host.malloc_thresholds import churns, reuse_env
-from memcalc.host.machine import cpu_run_and_wait_seconds, minor_faults
+from memcalc.host.machine import cpu_run_and_wait_seconds, fault_counts, fresh_bytes
 from tests.fixtures.data_kinds import FEED_CASES
 
 RESULTS = Path(__file__).with_name("results-malloc.md")
@@ -60,13 +60,13 @@ def worker_time(kind: str, history: str) -> dict[str, float]:
     for _ in range(WARM):
         next(batches)
     pid = batches._workers[0].pid
-    run, faults = cpu_run_and_wait_seconds(pid)[0], minor_faults(pid)
+    run, faults = cpu_run_and_wait_seconds(pid)[0], fault_counts(pid)
     for _ in range(TIMED):
         next(batches)
         time.sleep(2 * case.step_s + 0.05)  # slower than the worker: it never waits for a CPU
-    run_after, faults_after = cpu_run_and_wait_seconds(pid)[0], minor_faults(pid)
+    run_after = cpu_run_and_wait_seconds(pid)[0]
     return {"ms": (run_after - run) / TIMED * 1e3,
-            "fresh_mib": (faults_after - faults) * os.sysconf("SC_PAGE_SIZE") / TIMED / 2**20}
+            "fresh_mib": fresh_bytes(faults, fault_counts(pid)) / TIMED / 2**20}
 
 
 def _in_fresh_interpreter(kind: str, history: str, env: dict[str, str]) -> dict[str, float]:
@@ -100,8 +100,8 @@ def main() -> None:
             f"{probe.fault_bytes_per_batch / 2**20:.0f} MiB"
             f"{' (churns)' if churns(probe) else ''} |")
     lines += ["", "Each history cell: one worker's CPU time per batch, and in brackets the fresh "
-              "memory it mapped per batch (page faults × page size; huge pages count as one "
-              "page), measured in a fresh interpreter whose main process first "
+              "memory it mapped per batch (``memcalc.host.machine.fresh_bytes``, as the probe "
+              "counts it), measured in a fresh interpreter whose main process first "
               + "; ".join(f"*{name}*: {text}" for name, (text, _) in HISTORIES.items())
               + ". Both thresholds: `memcalc.host.malloc_thresholds.reuse_env` of the probe's worker "
               "peak. Probe: `memcalc estimate --dataset`'s worker time per batch (its waits "

@@ -205,6 +205,25 @@ def huge_page_faults() -> tuple[int, int] | None:
         return None
 
 
+def fault_counts(pid: int) -> tuple[int, int, int] | None:
+    """The process's minor faults, the machine's huge-page faults and the huge page's size
+    (``fresh_bytes`` of two of them); None where the process's cannot be read."""
+    minor, huge = minor_faults(pid), huge_page_faults()
+    return None if minor is None else (minor, *(huge or (0, 0)))
+
+
+def fresh_bytes(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
+                 ) -> int | None:
+    """Memory a process mapped afresh between two ``fault_counts``: each minor fault a page,
+    those that were huge pages the rest of a huge page (counted machine-wide: right where the
+    process watched is the one mapping them)."""
+    if before is None or after is None:
+        return None
+    page = os.sysconf("SC_PAGE_SIZE")
+    huge = max(0, after[1] - before[1])
+    return (after[0] - before[0]) * page + huge * max(0, after[2] - page)
+
+
 def cpu_wait_seconds(pid: int) -> float | None:
     """Seconds the process's main thread has spent runnable but waiting for a CPU, from
     ``/proc/PID/schedstat`` (its second field, in ns; the kernel's scheduler statistics);

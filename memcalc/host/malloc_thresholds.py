@@ -7,8 +7,8 @@ so later requests of that size come from the heap, whose top goes back to the ke
 the trim threshold (twice the mmap threshold). Which of these a worker's temporaries meet
 depends on what the training process allocated before it started its workers, which the
 workers inherit: measured here (``benchmarks/results-malloc.md``), 3D volumes (6 MiB
-float32 temporaries) cost a worker 31-50 ms a batch by that history alone, slice stacks
-20 or 29 ms. The fresh pages show in the worker's page faults
+float32 temporaries) cost a worker 30-52 ms a batch by that history alone, slice stacks
+21-28 ms (19 with both thresholds set). The fresh pages show in the worker's page faults
 (``WorkerMeasurement.fault_bytes_per_batch``): near the batch it writes into shared memory
 where it reuses its temporaries, far above where it maps them afresh.
 
@@ -116,6 +116,6 @@ def churn_warning(measured: WorkerMeasurement) -> str | None:
     return (f"the worker maps {format_bytes(int(measured.fault_bytes_per_batch))} of fresh "
             f"memory per batch of {measured.batch_size} ({format_bytes(measured.batch_bytes)}): "
             "its time per batch depends on what this process allocated before starting it "
-            "(up to 44 % more for the same code), so rows can disagree with the prediction by "
+            "(up to 45 % more for the same code), so rows can disagree with the prediction by "
             f"that alone; run the check with `{env}` set for a repeatable one, and train with "
             "it")

@@ -28,12 +28,7 @@ from torch.utils.data import DataLoader
 from memcalc.errors import InputError
 from memcalc.host.child_events import emit, run_child
 from memcalc.host.handover import median_take, time_handover
-from memcalc.host.machine import (
-    core_time,
-    cpu_run_and_wait_seconds,
-    huge_page_faults,
-    minor_faults,
-)
+from memcalc.host.machine import core_time, cpu_run_and_wait_seconds, fault_counts, fresh_bytes
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
 
@@ -118,8 +113,8 @@ def _timed_arrivals(batches, seconds: float, worker_pid: int
     """Arrival times of up to TIMING_BATCHES more batches, nothing else running beside them
     (empty at the dataset's end), the worker's (seconds run, seconds waited for a CPU) so
     far at each arrival (empty where the kernel does not say), and the fresh memory the
-    worker mapped meanwhile (``_fresh_bytes``; None where not known)."""
-    faults = _fault_counts(worker_pid)
+    worker mapped meanwhile (``machine.fresh_bytes``; None where not known)."""
+    faults = fault_counts(worker_pid)
     arrivals, cpu = [time.monotonic()], [cpu_run_and_wait_seconds(worker_pid)]
     deadline = arrivals[0] + seconds
     for batch in itertools.islice(batches, TIMING_BATCHES):
@@ -128,25 +123,7 @@ def _timed_arrivals(batches, seconds: float, worker_pid: int
         cpu.append(cpu_run_and_wait_seconds(worker_pid))
         if arrivals[-1] > deadline:
             break
-    return arrivals, ([] if None in cpu else cpu), _fresh_bytes(faults, _fault_counts(worker_pid))
-
-
-def _fault_counts(pid: int) -> tuple[int, int, int] | None:
-    """The worker's minor faults, the machine's huge-page faults and the huge page's size."""
-    minor, huge = minor_faults(pid), huge_page_faults()
-    return None if minor is None else (minor, *(huge or (0, 0)))
-
-
-def _fresh_bytes(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
-                 ) -> int | None:
-    """Memory mapped afresh between two ``_fault_counts``: each minor fault a page, those that
-    were huge pages (counted machine-wide: the probe's own process maps none meanwhile) the
-    rest of a huge page."""
-    if before is None or after is None:
-        return None
-    page = os.sysconf("SC_PAGE_SIZE")
-    huge = max(0, after[1] - before[1])
-    return (after[0] - before[0]) * page + huge * max(0, after[2] - page)
+    return arrivals, ([] if None in cpu else cpu), fresh_bytes(faults, fault_counts(worker_pid))
 
 
 def _median_interval(times: list[float]) -> float:
