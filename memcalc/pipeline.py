@@ -161,7 +161,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32,
                       named_inputs=model_inputs.named, forward_kwargs=model_inputs.forward_kwargs,
                       positional_input=positional is not None,
-                      boxes_per_image=spec.boxes_per_image)
+                      boxes_per_image=spec.boxes_per_image, parallel=spec.parallel)
     layers, leaf_output_elements, table_error = _layer_table(
         spec, model, inputs.model_inputs(), layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())

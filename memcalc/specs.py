@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from memcalc.dtypes import INPUT_DTYPES
+from memcalc.distributed.specs import ParallelSpec
 from memcalc.host.specs import LoaderSpec, MachineSpec, check_workers_within_cpus
 
 MAX_BATCH_SIZE = 2**31 - 1
@@ -149,6 +150,9 @@ class TrainingSpec(BaseModel):
     """Checkpoint the model's repeated blocks (``memcalc.trace.checkpointing``) in the traced step."""
     offload_activations: bool = False
     """Saved activations kept in host memory (``torch.autograd.graph.save_on_cpu``)."""
+    parallel: ParallelSpec | None = None
+    """One rank of a distributed job (DDP, ZeRO-2, FSDP2 over N GPUs), traced in a fake
+    process group with the real wrappers (``memcalc.distributed``); None: one GPU."""
     spatial_parts: int = Field(default=1, ge=1)
     """Spatial parallelism: every sample split along its longest spatial axis over this many
     GPUs (``memcalc.trace.halos``); the estimate is one GPU's, running its slab."""

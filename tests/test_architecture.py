@@ -14,8 +14,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memcalc"
 # Lowest first. A module may import its own layer and those below, never one above.
 LAYERS = [
     ("memcalc.errors", "memcalc.units", "memcalc.dtypes"),
-    ("memcalc.specs", "memcalc.host.specs", "memcalc.strategies.specs"),
+    ("memcalc.specs", "memcalc.host.specs", "memcalc.strategies.specs",
+     "memcalc.distributed.specs"),
     ("memcalc.model",),
+    ("memcalc.distributed",),
     ("memcalc.trace",),
     ("memcalc.device", "memcalc.host"),
     ("memcalc.feed",),

@@ -22,6 +22,7 @@ from memcalc.cli.options import (
     worker_progress,
 )
 from memcalc.cli.calibrate import calibrate
+from memcalc.cli.job_options import job_options
 from memcalc.cli.job_file import (
     SPEC_OPTION,
     explicit_options,
@@ -65,6 +66,7 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 @main.command()
 @model_options
+@job_options
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False),
               help="Write a PNG: breakdown, memory vs batch, timeline, top modules.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
@@ -105,6 +107,7 @@ def estimate(ctx, plot_path, as_json, show_layers, details, verify, **options) -
 
 @main.command()
 @model_options
+@job_options
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
 @feed_options
 @host_options

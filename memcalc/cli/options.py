@@ -18,6 +18,7 @@ from memcalc.cli.types import (
     SizeType,
     enum_choice,
 )
+from memcalc.cli.job_options import parallel_from_options
 from memcalc.cli.job_file import SPEC_OPTION, explicit_options, merged_spec, read_job_file
 from memcalc.cli.option_fields import take_fields
 from memcalc.errors import InputError
@@ -249,8 +250,11 @@ def job_spec(ctx: click.Context, options: dict) -> TrainingSpec:
             raise InputError("--model is missing: give --model NAME, or a --spec file that "
                              "names the model")
         options["model_name"] = fields["model"]
+    parallel = parallel_from_options(options)
     loader, machine = loader_and_machine(options)
     spec = training_spec(options, loader, machine)
+    if parallel is not None:
+        spec = spec.with_changes(parallel=parallel)
     if path is None:
         return spec
     return merged_spec(TrainingSpec, spec, fields, explicit_options(ctx), path)

@@ -61,7 +61,9 @@ def _head(report: Report) -> str:
             if device.peak_phase else "")
     return (
         f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
-        f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}\n"
+        f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}"
+        + (f" per GPU\none rank of {spec.parallel.describe()} (traced in a fake process group)"
+           if spec.parallel else "") + "\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
         f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}"
         + "".join(f"; {name} {shape}" for name, shape in report.input.named_inputs.items())

@@ -17,8 +17,11 @@ def verdict_line(report: Report) -> str:
     """FITS / DOES NOT FIT / FIT UNKNOWN (STATIC) with the batch, the bytes and the capacity
     (within 80 columns for the usual sizes); without a GPU, how the step compares with the
     cards in the catalog."""
-    device = report.device
-    needs = f"batch {device.batch_size} needs {format_bytes(device.total_bytes)}"
+    device, parallel = report.device, report.spec.parallel
+    needs = (f"batch {device.batch_size} needs {format_bytes(device.total_bytes)}"
+             if parallel is None else f"batch {device.batch_size} per GPU needs "
+             f"{format_bytes(device.total_bytes)} a rank ({parallel.strategy.value} on "
+             f"{parallel.world_size} GPUs)")
     if device.method != "traced":
         return f"FIT UNKNOWN (STATIC): {needs} or more (step not traced)"
     if device.kind != "cuda":

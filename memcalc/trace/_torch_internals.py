@@ -13,12 +13,19 @@ Used here (checked against torch 2.3 – 2.14):
   supplies its own shape rule (``FAKE_KERNELS``).
 - ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (real GPUs only, torch ≥ 2.1):
   the caching allocator's own trace of allocations and frees, for calibration.
+- ``torch.testing._internal.distributed.fake_pg.FakeStore`` (torch ≥ 2.2): the store of the
+  ``fake`` process-group backend, whose collectives are no-ops, so one process can be one rank
+  of an N-rank job (``fake_process_group``).
+- ``torch.UntypedStorage.resize_`` is not an ATen op (no dispatch mode sees it): FSDP2 frees
+  and re-allocates its unsharded parameters with it (``_fsdp_param.alloc_storage``), so the
+  watcher wraps it while it is active, as ``torch.distributed._tools.mem_tracker`` does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -91,9 +98,19 @@ class OpInterceptor(TorchDispatchMode):
         self._handler = handler
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _wrapper_subclass(types):
+            return NotImplemented
         if func in METADATA_OPS:
             return func(*args, **(kwargs or {}))
         return self._handler(func, args, kwargs or {})
+
+
+def _wrapper_subclass(types) -> bool:
+    """An op on a tensor subclass other than the fake tensor (a DTensor of a tensor-parallel or
+    FSDP2 job): a mode returns NotImplemented so that the subclass runs first and the mode then
+    sees the ops on its local tensors, where the storages are (as ``mem_tracker`` does)."""
+    return any(kind is not FakeTensor and kind is not torch.Tensor
+               and not issubclass(kind, nn.Parameter) for kind in types)
 
 
 def start_cuda_allocation_history(max_entries: int = 1_000_000) -> None:
@@ -195,19 +212,50 @@ class StorageWatcher(TorchDispatchMode):
         """Start tracking ``tensor``'s storage if new; return its token (None if empty)."""
         storage = tensor.untyped_storage()
         if storage in self._known:
-            return self._known[storage]
-        token = self._on_new(storage)
-        self._known[storage] = token
-        if token is not None:
-            self._refs.append(weakref.ref(storage, lambda _ref, token=token: self._on_free(token)))
-        return token
+            return self._known[storage][0]
+        holder = [self._on_new(storage)]
+        self._known[storage] = holder
+        self._refs.append(weakref.ref(storage, lambda _ref, holder=holder: self._died(holder)))
+        return holder[0]
+
+    def _died(self, holder: list) -> None:
+        if holder[0] is not None:
+            self._on_free(holder[0])
+            holder[0] = None
 
     def token_of(self, tensor: torch.Tensor) -> object | None:
-        return self._known.get(tensor.untyped_storage())
+        holder = self._known.get(tensor.untyped_storage())
+        return holder[0] if holder else None
+
+    def __enter__(self):
+        self._resize = _ResizeTracker(self)
+        self._resize.__enter__()
+        try:
+            return super().__enter__()
+        except BaseException:
+            self._resize.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._resize.__exit__(*exc)
+
+    def resized(self, storage: torch.UntypedStorage, old_bytes: int) -> None:
+        """A known storage changed size in place (FSDP2's unsharded parameters): its old bytes
+        are freed and its new ones, if any, are a new record."""
+        holder = self._known.get(storage)
+        if holder is None or old_bytes == storage.nbytes():
+            return
+        self._died(holder)
+        holder[0] = self._on_new(storage)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         """``op_hook(name, args, outputs, watch)`` may watch the outputs itself, in its own
         order, and return True; otherwise every output is watched in order."""
+        if _wrapper_subclass(types):
+            return NotImplemented
         if func in METADATA_OPS:
             return func(*args, **(kwargs or {}))
         _refuse_real_inputs(func, args, kwargs)
@@ -226,6 +274,45 @@ class StorageWatcher(TorchDispatchMode):
         if self._op_hook is None or not self._op_hook(name, args, outputs, watch_outputs):
             watch_outputs(outputs)
         return outputs
+
+
+class _ResizeTracker:
+    """Wraps ``torch.UntypedStorage.resize_`` while a watcher is active on this thread; other
+    threads and other times call the original. Restored on every exit path."""
+
+    _lock = threading.Lock()
+    _active: dict[int, StorageWatcher] = {}
+    _original = None
+
+    def __init__(self, watcher: StorageWatcher) -> None:
+        self.watcher = watcher
+        self.thread = threading.get_ident()
+
+    def __enter__(self) -> None:
+        cls = type(self)
+        with cls._lock:
+            if not cls._active:
+                cls._original = torch.UntypedStorage.resize_
+                original = cls._original
+
+                def resize_(storage, size):
+                    old = storage.nbytes()
+                    result = original(storage, size)
+                    watcher = cls._active.get(threading.get_ident())
+                    if watcher is not None:
+                        watcher.resized(storage, old)
+                    return result
+
+                torch.UntypedStorage.resize_ = resize_
+            cls._active[self.thread] = self.watcher
+
+    def __exit__(self, *exc) -> None:
+        cls = type(self)
+        with cls._lock:
+            cls._active.pop(self.thread, None)
+            if not cls._active and cls._original is not None:
+                torch.UntypedStorage.resize_ = cls._original
+                cls._original = None
 
 
 REAL_ALLOCATION_LIMIT_BYTES = 16 << 20
@@ -352,3 +439,28 @@ class FlopCountingMode(TorchDispatchMode):
         if formula is not None:
             self.by_op[func._overloadpacket.__name__] += formula(*args, **kwargs, out_val=out)
         return out
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
+    """This process as ``rank`` of a ``world_size``-rank job on torch's ``fake`` backend
+    (every collective a no-op): the default process group for the duration, destroyed after.
+    Refused when the process already has one (a real job's group is never replaced)."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not dist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed")
+    if dist.is_initialized():
+        raise RuntimeError("this process already has a default process group")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (FSDP2 / tensor-parallel parameters); other tensors as they are."""
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor

@@ -24,12 +24,16 @@ from memcalc.trace._torch_internals import (
     RealAllocationError,
     StorageWatcher,
     fake_cpu_mode,
+    fake_process_group,
+    local_tensor,
     materialize_fake,
     quiet_fake_tensor_logger,
 )
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
-from memcalc.trace.checkpointing import apply_checkpointing
+from memcalc.trace.checkpointing import apply_checkpointing, repeated_blocks
+from memcalc.distributed.parallelize import DATA_PARALLEL, SHARDS_PARAMETERS, data_mesh
+from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
 from memcalc.trace.cudnn_workspace import WorkspaceModel
@@ -91,6 +95,9 @@ class StepSetup:
     positional_input: bool = True
     boxes_per_image: int = 8
     iterations: int = 2
+    parallel: ParallelSpec | None = None
+    """One rank of a distributed job: traced in a fake process group of its world size, the
+    model wrapped as ``memcalc.distributed.parallelize`` applies the layout."""
 
     @property
     def inputs(self) -> ModelInputs:
@@ -153,6 +160,8 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
     """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be.
     ``replay``: the optimizer steps are replayed when an earlier trace recorded the same
     ones (``memcalc.trace.step_replay``), else run (False: always run)."""
+    if setup.parallel is not None:   # DTensor states: the optimizer step is always run
+        replay = False
     try:
         return _traced(setup, replay)
     except ReplayMismatch:
@@ -162,8 +171,8 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
 def _traced(setup: StepSetup, replay: bool) -> TraceResult:
     meta_model = setup.build_meta_model()
     try:
-        with quiet_fake_tensor_logger(), fake_cpu_mode():
-            return _trace(setup, meta_model, replay)
+        with quiet_fake_tensor_logger(), _rank_of(setup.parallel) as mesh, fake_cpu_mode():
+            return _trace(setup, meta_model, replay, mesh)
     except (MemcalcError, ReplayMismatch):
         raise
     except RealAllocationError as error:
@@ -182,7 +191,37 @@ def _traced(setup: StepSetup, replay: bool) -> TraceResult:
                          f"{at_user_frame(error)}") from error
 
 
-def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool) -> TraceResult:
+@contextlib.contextmanager
+def _rank_of(parallel: ParallelSpec | None):
+    """Rank 0 of the job's fake process group around the trace, and its data-parallel device
+    mesh (made outside the fake mode, which would fake the mesh's rank table); None without
+    a layout."""
+    if parallel is None:
+        yield None
+        return
+    try:
+        group = fake_process_group(parallel.world_size)
+        group.__enter__()
+    except RuntimeError as error:
+        raise TraceError(f"cannot trace a {parallel.world_size}-rank job here: {error} "
+                         "(call memcalc before init_process_group, or with isolate=True)"
+                         ) from None
+    try:
+        yield data_mesh(parallel)
+    finally:
+        group.__exit__(None, None, None)
+
+
+def _wrap(setup: StepSetup, model: nn.Module, sharding: bool, mesh) -> nn.Module:
+    """The model as the job wraps it: the sharding wrappers before the states are counted
+    (``sharding``), DDP after (its buckets are allocated at construction)."""
+    parallel = setup.parallel
+    if parallel is None or (parallel.strategy in SHARDS_PARAMETERS) != sharding:
+        return model
+    return DATA_PARALLEL[parallel.strategy](model, parallel, mesh, repeated_blocks(model))
+
+
+def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> TraceResult:
     ledger, cursor = MemoryLedger(), _Cursor()
 
     def on_new(storage: torch.UntypedStorage) -> StorageRecord | None:
@@ -203,7 +242,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool) -> TraceResult
                   if setup.cudnn is not None else None)
     watcher = StorageWatcher(on_new, ledger.free, workspaces)
     halo = ZeroHalos()
-    model = step_model(setup, halo, meta_model)
+    model = _wrap(setup, step_model(setup, halo, meta_model), True, mesh)
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
     batch = make_call(model, setup.inputs, setup.batch_shape[0])
@@ -215,6 +254,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool) -> TraceResult
     bounded = BoundedOps()     # below the watcher, which then records what its rules make
     try:
         with bounded, watcher, legacy, kernels or contextlib.nullcontext():
+            job_model = _wrap(setup, model, False, mesh)
             optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
             observer = _LedgerObserver(watcher, cursor, ledger, model, optimizer)
             steps = OptimizerSteps(optimizer, TraceSide(
@@ -224,7 +264,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool) -> TraceResult
                                       dict(kernels.target.attention_backends)),
                          workspaces and workspaces.calls),
                 bounded.forget_values), repr(_step_context(setup)), replay)
-            iteration = TrainingIteration(setup.body, model, batch, optimizer, observer, steps)
+            iteration = TrainingIteration(setup.body, job_model, batch, optimizer, observer,
+                                          steps)
             try:
                 output_shape = _iterations(setup, iteration, cursor, offload, halo)
                 steps.finish()
@@ -309,7 +350,7 @@ class _LedgerObserver(StepObserver):
 
 def _label(watcher: StorageWatcher, tensors, category: MemoryCategory) -> None:
     for tensor in tensors:
-        record = watcher.watch(tensor)
+        record = watcher.watch(local_tensor(tensor))
         if record is not None:
             record.category = category
 

@@ -1,0 +1,64 @@
+"""The distributed job's options (``memcalc estimate`` and ``check``): the layout one rank
+of the job is traced in (``memcalc.distributed``)."""
+
+from __future__ import annotations
+
+import click
+from pydantic import ValidationError
+
+from memcalc.cli.types import enum_choice
+from memcalc.distributed.specs import PARAM_DTYPES, DataParallel, ParallelSpec, Reshard
+from memcalc.errors import InputError
+
+JOB_OPTIONS = [
+    click.option("--strategy", type=enum_choice(DataParallel),
+                 help="Trace one rank of a distributed job: ddp (DistributedDataParallel), "
+                      "zero2 (FSDP2 without resharding after forward) or fsdp (FSDP2 "
+                      "fully_shard per block + root); needs --gpus."),
+    click.option("--gpus", "job_gpus", type=click.IntRange(min=1),
+                 help="GPUs per node of the distributed job (with --strategy)."),
+    click.option("--nodes", "job_nodes", type=click.IntRange(min=1), default=1,
+                 show_default=True, help="Nodes of the distributed job."),
+    click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Tensor-parallel degree (not traced yet: must be 1)."),
+    click.option("--param-dtype", type=click.Choice(PARAM_DTYPES),
+                 help="FSDP2 MixedPrecisionPolicy.param_dtype: parameters cast once per unit "
+                      "at the all-gather, compute in that dtype, fp32 master weights."),
+    click.option("--reduce-dtype", type=click.Choice(PARAM_DTYPES),
+                 help="FSDP2 MixedPrecisionPolicy.reduce_dtype (gradient reduce-scatter)."),
+    click.option("--reshard-after-forward", type=enum_choice(Reshard), default="default",
+                 show_default=True,
+                 help="FSDP2: default = every block but the last; always; never."),
+    click.option("--bucket-view", is_flag=True,
+                 help="DDP gradient_as_bucket_view=True (no second copy of the gradients)."),
+]
+
+
+def job_options(command):
+    for option in reversed(JOB_OPTIONS):
+        command = option(command)
+    return command
+
+
+def parallel_from_options(options: dict) -> ParallelSpec | None:
+    """The layout from the job options (popped from ``options``); None without --strategy."""
+    strategy, gpus = options.pop("strategy", None), options.pop("job_gpus", None)
+    fields = dict(nodes=options.pop("job_nodes", 1), tp=options.pop("tp", 1),
+                  param_dtype=options.pop("param_dtype", None),
+                  reduce_dtype=options.pop("reduce_dtype", None),
+                  reshard_after_forward=options.pop("reshard_after_forward", Reshard.DEFAULT),
+                  gradient_as_bucket_view=options.pop("bucket_view", False))
+    if strategy is None:
+        if gpus is not None:
+            raise InputError("--gpus needs --strategy (ddp, zero2 or fsdp) to say how the "
+                             "job is distributed")
+        return None
+    if gpus is None:
+        raise InputError(f"--strategy {strategy.value} needs --gpus N (GPUs per node)")
+    if fields["tp"] != 1:
+        raise InputError("--tp: tensor parallelism is not traced yet; drop --tp (or use "
+                         "`memcalc plan` for its derived estimate)")
+    try:
+        return ParallelSpec(strategy=strategy, gpus_per_node=gpus, **fields)
+    except ValidationError as error:
+        raise InputError(error.errors()[0]["msg"].removeprefix("Value error, ")) from None

@@ -1,0 +1,129 @@
+"""One function per parallelism, applied to the model in torchtitan's order (tensor
+parallel, then data parallel), each with the real torch wrapper.
+
+Known limitations: tensor parallelism shards the ``nn.Linear`` layers of the repeated blocks
+by name (``memcalc.distributed.tensor_plan``); pipeline and context parallelism are not
+traced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from memcalc.distributed.specs import DataParallel, ParallelSpec, Reshard
+from memcalc.dtypes import DTYPES
+
+
+def fsdp_units(model: nn.Module, blocks: list[str]) -> list[nn.Module]:
+    """The modules ``fully_shard`` wraps, innermost first: each repeated block, then the root."""
+    modules = dict(model.named_modules())
+    return [modules[name] for name in blocks] + [model]
+
+
+def parallelize_fsdp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]) -> nn.Module:
+    """FSDP2 as torchtitan applies it: ``fully_shard`` per repeated block, then the root,
+    with the mixed-precision policy and ``reshard_after_forward`` policy of the spec."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=_dtype(spec.param_dtype),
+                                  reduce_dtype=_dtype(spec.reduce_dtype))
+    units = fsdp_units(model, blocks)
+    for index, unit in enumerate(units[:-1]):
+        fully_shard(unit, mesh=mesh, mp_policy=policy,
+                    reshard_after_forward=_reshards(spec, index, len(units) - 1))
+    fully_shard(model, mesh=mesh, mp_policy=policy,
+                reshard_after_forward=spec.strategy is DataParallel.FSDP
+                and spec.reshard_after_forward is not Reshard.NEVER)
+    return model
+
+
+def _reshards(spec: ParallelSpec, index: int, blocks: int) -> bool:
+    if spec.strategy is DataParallel.ZERO2 or spec.reshard_after_forward is Reshard.NEVER:
+        return False
+    if spec.reshard_after_forward is Reshard.ALWAYS:
+        return True
+    return index < blocks - 1       # the last block's backward runs right after forward
+
+
+def parallelize_ddp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]) -> nn.Module:
+    """``DistributedDataParallel`` over the data-parallel group, with the spec's buckets.
+    Its start-up check and broadcast of the parameters (``init_sync``) are skipped: they read
+    the parameters' values, which a fake tensor has none of, and end before the first step."""
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    skip_sync = ({"init_sync": False} if "init_sync" in inspect.signature(
+        DistributedDataParallel.__init__).parameters else {})
+    ddp = DistributedDataParallel(model, process_group=mesh.get_group(),
+                                  bucket_cap_mb=spec.bucket_cap_mb,
+                                  gradient_as_bucket_view=spec.gradient_as_bucket_view,
+                                  static_graph=spec.static_graph, **skip_sync)
+    ddp.register_comm_hook(mesh.get_group(), _all_reduce_in_place)
+    ddp.reducer = _KeepBuckets(ddp.reducer)
+    return ddp
+
+
+class _KeepBuckets:
+    """DDP's reducer with its one rebuild of the buckets (at the second forward, in the
+    order the gradients became ready) left out: the rebuild reads bucket indices from a
+    tensor, which a fake one has no values for. The rebuilt buckets hold the same gradients,
+    so only their transient overlap at the start of the second step is missed; the step's
+    later peak, holding the gradients and the activations, is above it."""
+
+    def __init__(self, reducer) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str):
+        return getattr(self._reducer, name)
+
+
+def _all_reduce_in_place(group, bucket):
+    """DDP's built-in hook as written in Python: all-reduce the bucket in place and average
+    it. The built-in one hands on the collective's future, whose value the fake backend
+    leaves empty; this one hands on the bucket itself (no tensor more or less)."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    dist.all_reduce(buffer, group=group)
+    buffer.div_(group.size())
+    future = torch.futures.Future()
+    future.set_result(buffer)
+    return future
+
+
+DATA_PARALLEL: dict[DataParallel, Callable] = {
+    DataParallel.DDP: parallelize_ddp,
+    DataParallel.ZERO2: parallelize_fsdp,
+    DataParallel.FSDP: parallelize_fsdp,
+}
+"""The data-parallel wrapper of each strategy."""
+
+SHARDS_PARAMETERS = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
+"""Strategies whose wrapper replaces the parameters by their shards when it is applied (so
+it runs before the trace counts them); DDP allocates its buckets at construction, counted."""
+
+
+def data_mesh(spec: ParallelSpec):
+    """The data-parallel device mesh of this rank (CPU: the trace runs on fake CPU tensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if spec.tp == 1:
+        return init_device_mesh("cpu", (spec.dp,), mesh_dim_names=("dp",))
+    mesh = init_device_mesh("cpu", (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
+    return mesh["dp"]
+
+
+def compute_dtype(spec: ParallelSpec | None) -> torch.dtype | None:
+    """The dtype the forward computes in under FSDP2's policy (None: the parameters')."""
+    return _dtype(spec.param_dtype) if spec is not None else None
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return DTYPES[name] if name else None

@@ -1,0 +1,97 @@
+"""How a distributed job is laid out: the input of ``memcalc.distributed``."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MAX_WORLD_SIZE = 1 << 16
+"""The most ranks accepted (the largest published jobs run about 16 k GPUs)."""
+
+
+class DataParallel(str, Enum):
+    """How the data-parallel ranks hold the model states (ZeRO stages as torch runs them)."""
+
+    DDP = "ddp"
+    """``DistributedDataParallel``: every state replicated, gradients all-reduced in buckets."""
+    ZERO2 = "zero2"
+    """FSDP2 ``fully_shard(reshard_after_forward=False)``: parameters gathered from forward
+    to backward, gradients and optimizer state sharded (ZeRO-2, FSDP1's SHARD_GRAD_OP)."""
+    FSDP = "fsdp"
+    """FSDP2 ``fully_shard``: parameters, gradients and optimizer state sharded (ZeRO-3)."""
+
+
+class Reshard(str, Enum):
+    """FSDP2's ``reshard_after_forward`` over the blocks (torchtitan's policy names)."""
+
+    DEFAULT = "default"
+    """Every block but the last frees its gathered parameters after forward (the last one's
+    backward runs next); the root unit frees its own."""
+    ALWAYS = "always"
+    NEVER = "never"
+
+
+PARAM_DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ParallelSpec(BaseModel):
+    """One rank's place in the job: ``gpus_per_node × nodes`` ranks, ``tp``-way tensor
+    parallel inside data parallel over the rest (torchtitan's mesh: dp outer, tp inner)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    strategy: DataParallel
+    gpus_per_node: int = Field(ge=1, le=MAX_WORLD_SIZE)
+    nodes: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
+    tp: int = Field(default=1, ge=1)
+    """Tensor-parallel degree (DTensor ``parallelize_module``, column/row-wise plans)."""
+    param_dtype: str | None = None
+    """FSDP2 ``MixedPrecisionPolicy.param_dtype``: parameters cast once per unit at the
+    all-gather, compute in that dtype, fp32 master weights; None: the parameters' dtype."""
+    reduce_dtype: str | None = None
+    """FSDP2 ``MixedPrecisionPolicy.reduce_dtype``: the gradients' reduce-scatter dtype."""
+    reshard_after_forward: Reshard = Reshard.DEFAULT
+    gradient_as_bucket_view: bool = False
+    """DDP: gradients are views into its buckets (no second copy)."""
+    bucket_cap_mb: float = Field(default=25.0, gt=0)
+    """DDP's bucket size (its default: 25 MiB)."""
+    static_graph: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: the ranks left over tensor parallelism."""
+        return self.world_size // self.tp
+
+    def describe(self) -> str:
+        """The layout in a few words: ``fsdp on 16 GPUs (2 nodes × 8), param bfloat16``."""
+        nodes = f" ({self.nodes} nodes × {self.gpus_per_node})" if self.nodes > 1 else ""
+        extras = [f"{name} {value}" for name, value in (("param", self.param_dtype),
+                                                        ("reduce", self.reduce_dtype)) if value]
+        if self.strategy is DataParallel.DDP and self.gradient_as_bucket_view:
+            extras.append("gradient_as_bucket_view")
+        if self.strategy is DataParallel.FSDP and self.reshard_after_forward is not Reshard.DEFAULT:
+            extras.append(f"reshard after forward: {self.reshard_after_forward.value}")
+        return (f"{self.strategy.value} on {self.world_size} GPUs{nodes}"
+                + "".join(f", {extra}" for extra in extras))
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ParallelSpec:
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ValueError(f"{self.world_size} ranks is more than {MAX_WORLD_SIZE:,}")
+        if self.world_size % self.tp:
+            raise ValueError(f"--tp {self.tp} does not divide the {self.world_size} GPUs; "
+                             "use a divisor of --gpus × --nodes")
+        for name in ("param_dtype", "reduce_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in PARAM_DTYPES:
+                raise ValueError(f"{name} {value!r} is not one of {', '.join(PARAM_DTYPES)}")
+        mixed = self.param_dtype is not None or self.reduce_dtype is not None
+        if mixed and self.strategy is DataParallel.DDP:
+            raise ValueError("--param-dtype/--reduce-dtype are FSDP2's mixed-precision policy; "
+                             "for DDP use --precision bf16-mixed (autocast)")
+        return self
