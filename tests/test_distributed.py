@@ -1,0 +1,75 @@
+"""One rank of a distributed job, traced in a fake process group, against the same job run
+for real on a local gloo group (every rank measured by the profiler's allocation events)."""
+
+import pytest
+import torch
+
+from memcalc.distributed.specs import ParallelSpec
+from memcalc.pipeline import estimate
+from memcalc.specs import TrainingSpec
+from memcalc.trace._torch_internals import StorageWatcher
+from tests.fixtures.distributed_truth import TINY_GPT2, measure_rank_peaks
+
+WORLD = 2
+CASES = {
+    "ddp": ("ddp", 2, None, False),
+    "zero2": ("zero2", 2, None, False),
+    "fsdp": ("fsdp", 2, None, False),
+    "fsdp-param-bf16": ("fsdp", 2, "bfloat16", False),
+    "fsdp-checkpointed": ("fsdp", 4, None, True),
+}
+
+
+@pytest.fixture(scope="module")
+def measured() -> dict[str, list[int]]:
+    return dict(zip(CASES, measure_rank_peaks(list(CASES.values()), WORLD)))
+
+
+def _rank_report(strategy, batch, param_dtype, checkpointing, world=WORLD):
+    return estimate(TrainingSpec(
+        model="gpt2", model_args=TINY_GPT2, sample_shape=(TINY_GPT2["n_positions"],),
+        device="cpu", batch_size=batch, activation_checkpointing=checkpointing,
+        parallel=ParallelSpec(strategy=strategy, gpus_per_node=world, param_dtype=param_dtype)))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_rank_of_the_real_job_within_1_percent(measured, case):
+    report = _rank_report(*CASES[case])
+    assert report.device.method == "traced"
+    for rank_peak in measured[case]:
+        assert report.device.peak_bytes == pytest.approx(rank_peak, rel=0.01)
+
+
+def test_fsdp_rank_holds_its_shard_of_the_states():
+    """ZeRO-3 closed form: parameters and Adam's two moments are 1/N of the model's."""
+    single = estimate(TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(64,),
+                                   device="cpu", batch_size=2))
+    for world in (2, 4):
+        rank = _rank_report("fsdp", 2, None, False, world=world)
+        parameters = single.static.parameter_bytes
+        assert rank.device.breakdown.parameters == pytest.approx(parameters / world, rel=0.01)
+        assert rank.device.breakdown.optimizer_state == pytest.approx(
+            2 * parameters / world, rel=0.02)
+
+
+def test_a_storage_resized_in_place_is_freed_and_allocated_again():
+    """FSDP2 frees its gathered parameters with ``storage.resize_(0)``: the watcher sees it."""
+    events: list[tuple[str, int]] = []
+
+    def on_new(storage):
+        events.append(("new", storage.nbytes()))
+        return storage.nbytes() or None
+
+    with StorageWatcher(on_new, lambda token: events.append(("free", token))) as watcher:
+        tensor = torch.empty(1000)
+        watcher.watch(tensor)
+        tensor.untyped_storage().resize_(0)
+        tensor.untyped_storage().resize_(4000)
+    assert events[-3:] == [("free", 4000), ("new", 0), ("new", 4000)]
+
+
+def test_the_resize_wrapper_is_removed_after_the_trace():
+    original = torch.UntypedStorage.resize_
+    with StorageWatcher(lambda storage: None, lambda token: None):
+        assert torch.UntypedStorage.resize_ is not original
+    assert torch.UntypedStorage.resize_ is original
