@@ -57,3 +57,17 @@ def test_counting_flops_in_the_first_iteration_does_not_change_what_it_keeps():
         by_iteration[point.iteration] = max(by_iteration.get(point.iteration, 0), point.live_bytes)
     assert device.flops is not None and device.flops.total > 0
     assert device.peak_iteration == 2 and by_iteration[1] < by_iteration[2]
+
+
+TINY_BERT = dict(vocab=1000, dim=64, depth=3, heads=4, hidden=128, max_positions=64)
+
+
+def test_dropout_under_checkpointing_traces_for_a_cuda_target():
+    """CUDA's fused dropout (a bool mask) is substituted in the forward; the recomputation in
+    backward must make the same tensors, or torch's checkpoint refuses the trace."""
+    def report(checkpointing: bool):
+        return estimate(TrainingSpec(model="bert_large", model_args=TINY_BERT, sample_shape=(64,),
+                                     batch_size=8, activation_checkpointing=checkpointing))
+    plain, checkpointed = report(False), report(True)
+    assert checkpointed.device.method == plain.device.method == "traced"
+    assert checkpointed.device.breakdown.activations < plain.device.breakdown.activations

@@ -16,6 +16,8 @@ Used here (checked against torch 2.3 – 2.14):
 - ``torch.testing._internal.distributed.fake_pg.FakeStore`` (torch ≥ 2.2): the store of the
   ``fake`` process-group backend, whose collectives are no-ops, so one process can be one rank
   of an N-rank job (``fake_process_group``).
+- ``torch.overrides._get_current_function_mode_stack``: the torch-function modes active now,
+  entered again around a checkpoint's recomputation (the autograd engine clears them).
 - ``torch.UntypedStorage.resize_`` is not an ATen op (no dispatch mode sees it): FSDP2 frees
   and re-allocates its unsharded parameters with it (``_fsdp_param.alloc_storage``), so the
   watcher wraps it while it is active, as ``torch.distributed._tools.mem_tracker`` does.
@@ -464,3 +466,10 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (FSDP2 / tensor-parallel parameters); other tensors as they are."""
     to_local = getattr(tensor, "to_local", None)
     return to_local() if callable(to_local) else tensor
+
+
+def function_mode_stack() -> list:
+    """The torch-function modes active on this thread, outermost first."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return list(_get_current_function_mode_stack())

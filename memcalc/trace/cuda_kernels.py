@@ -157,14 +157,14 @@ class CudaKernelMode(TorchFunctionMode):
     def __init__(self, capability: tuple[int, int] | None = None):
         super().__init__()
         self.target = CudaTarget(capability or ASSUMED_CAPABILITY)
-        self._token = None
+        self._tokens: list = []        # entered again around a checkpoint's recomputation
 
     def __enter__(self):
-        self._token = _TARGET.set(self.target)
+        self._tokens.append(_TARGET.set(self.target))
         return super().__enter__()
 
     def __exit__(self, *exc):
-        _TARGET.reset(self._token)
+        _TARGET.reset(self._tokens.pop())
         return super().__exit__(*exc)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
