@@ -229,6 +229,11 @@ class StorageWatcher(TorchDispatchMode):
         holder = self._known.get(tensor.untyped_storage())
         return holder[0] if holder else None
 
+    def _shape_inference(self, tensor: torch.Tensor) -> bool:
+        """A meta tensor, or one DTensor makes at global shape to work out an op's output
+        (``_sharding_prop``, under ``ShardingPropagator._fake_mode_lock``): not the rank's."""
+        return tensor.device.type == "meta" or _SHAPE_INFERENCE.depth > 0
+
     def __enter__(self):
         self._resize = _ResizeTracker(self)
         self._resize.__enter__()
@@ -269,7 +274,7 @@ class StorageWatcher(TorchDispatchMode):
 
         def watch_outputs(value) -> None:
             for tensor in _op_values((value,)):
-                if isinstance(tensor, torch.Tensor):
+                if isinstance(tensor, torch.Tensor) and not self._shape_inference(tensor):
                     _refuse_real_allocation(func, tensor)
                     self.watch(tensor)
 
@@ -278,9 +283,44 @@ class StorageWatcher(TorchDispatchMode):
         return outputs
 
 
+class _ShapeInference(threading.local):
+    """Counts, per thread, DTensor's sharding propagations in progress."""
+
+    depth = 0
+
+
+_SHAPE_INFERENCE = _ShapeInference()
+
+
+class _InShapeInference:
+    """Stands as ``ShardingPropagator._fake_mode_lock`` (a context manager that torch enters
+    around running an op at global shape, ``nullcontext`` unless a test sets a lock) while a
+    watcher is active: it enters the one it replaced and marks the thread meanwhile."""
+
+    def __init__(self, replaced) -> None:
+        self.replaced = replaced
+
+    def __enter__(self):
+        self.replaced.__enter__()
+        _SHAPE_INFERENCE.depth += 1
+
+    def __exit__(self, *exc):
+        _SHAPE_INFERENCE.depth -= 1
+        return self.replaced.__exit__(*exc)
+
+
+def _sharding_propagator():
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:          # torch without DTensor
+        return None
+    return ShardingPropagator if hasattr(ShardingPropagator, "_fake_mode_lock") else None
+
+
 class _ResizeTracker:
-    """Wraps ``torch.UntypedStorage.resize_`` while a watcher is active on this thread; other
-    threads and other times call the original. Restored on every exit path."""
+    """Wraps ``torch.UntypedStorage.resize_`` and marks DTensor's shape inference while a
+    watcher is active; other threads and other times call the originals. Restored on every
+    exit path."""
 
     _lock = threading.Lock()
     _active: dict[int, StorageWatcher] = {}
@@ -306,6 +346,9 @@ class _ResizeTracker:
                     return result
 
                 torch.UntypedStorage.resize_ = resize_
+                propagator = _sharding_propagator()
+                if propagator is not None:
+                    propagator._fake_mode_lock = _InShapeInference(propagator._fake_mode_lock)
             cls._active[self.thread] = self.watcher
 
     def __exit__(self, *exc) -> None:
@@ -315,6 +358,10 @@ class _ResizeTracker:
             if not cls._active and cls._original is not None:
                 torch.UntypedStorage.resize_ = cls._original
                 cls._original = None
+                propagator = _sharding_propagator()
+                if propagator is not None and isinstance(propagator._fake_mode_lock,
+                                                         _InShapeInference):
+                    propagator._fake_mode_lock = propagator._fake_mode_lock.replaced
 
 
 REAL_ALLOCATION_LIMIT_BYTES = 16 << 20
