@@ -68,6 +68,16 @@ def test_a_storage_resized_in_place_is_freed_and_allocated_again():
     assert events[-3:] == [("free", 4000), ("new", 0), ("new", 4000)]
 
 
+def test_the_process_is_left_as_it_was_after_a_distributed_trace():
+    import torch.distributed as dist
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    before = (torch.UntypedStorage.resize_, ShardingPropagator._fake_mode_lock)
+    _rank_report("ddp", 1, None, False, world=4)
+    assert not dist.is_initialized()
+    assert (torch.UntypedStorage.resize_, ShardingPropagator._fake_mode_lock) == before
+
+
 def test_the_resize_wrapper_is_removed_after_the_trace():
     original = torch.UntypedStorage.resize_
     with StorageWatcher(lambda storage: None, lambda token: None):
