@@ -18,19 +18,20 @@ class SelfAttention(nn.Module):
         super().__init__()
         if dim % heads:
             raise ValueError(f"dim must be divisible by heads: dim={dim}, heads={heads}")
-        self.heads, self.causal = heads, causal
+        self.heads, self.head_dim, self.causal = heads, dim // heads, causal
         self.qkv = nn.Linear(dim, 3 * dim, bias=bias)
         self.proj = nn.Linear(dim, dim, bias=bias)
         self.rotary = RotaryEmbedding(dim // heads, max_positions) if rotary else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, dim = x.shape
-        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, dim // self.heads).unbind(2)
+        batch, seq, _ = x.shape
+        # heads as -1: under tensor parallelism a rank holds its share of them
+        q, k, v = self.qkv(x).view(batch, seq, 3, -1, self.head_dim).unbind(2)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.rotary is not None:
             q, k = self.rotary(q), self.rotary(k)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
-        return self.proj(out.transpose(1, 2).reshape(batch, seq, dim))
+        return self.proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class RotaryEmbedding(nn.Module):

@@ -8,15 +8,17 @@ from memcalc.distributed.specs import ParallelSpec
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.trace._torch_internals import StorageWatcher
-from tests.fixtures.distributed_truth import TINY_GPT2, measure_rank_peaks
+from tests.fixtures.distributed_truth import MODELS, SEQUENCE, TINY_GPT2, measure_rank_peaks
 
 WORLD = 2
 CASES = {
-    "ddp": ("ddp", 2, None, False),
-    "zero2": ("zero2", 2, None, False),
-    "fsdp": ("fsdp", 2, None, False),
-    "fsdp-param-bf16": ("fsdp", 2, "bfloat16", False),
-    "fsdp-checkpointed": ("fsdp", 4, None, True),
+    "ddp": ("gpt2", "ddp", 2, None, False, False),
+    "zero2": ("gpt2", "zero2", 2, None, False, False),
+    "fsdp": ("gpt2", "fsdp", 2, None, False, False),
+    "fsdp-param-bf16": ("gpt2", "fsdp", 2, "bfloat16", False, False),
+    "fsdp-checkpointed": ("gpt2", "fsdp", 4, None, True, False),
+    "fsdp-foreach-adam": ("gpt2", "fsdp", 2, None, False, True),
+    "tensor-parallel": ("llama_7b", "tp", 2, None, False, False),
 }
 
 
@@ -25,11 +27,14 @@ def measured() -> dict[str, list[int]]:
     return dict(zip(CASES, measure_rank_peaks(list(CASES.values()), WORLD)))
 
 
-def _rank_report(strategy, batch, param_dtype, checkpointing, world=WORLD):
+def _rank_report(model, strategy, batch, param_dtype, checkpointing, foreach, world=WORLD):
+    tp = world if strategy == "tp" else 1      # tensor parallel alone: no data-parallel wrapper
     return estimate(TrainingSpec(
-        model="gpt2", model_args=TINY_GPT2, sample_shape=(TINY_GPT2["n_positions"],),
-        device="cpu", batch_size=batch, activation_checkpointing=checkpointing,
-        parallel=ParallelSpec(strategy=strategy, gpus_per_node=world, param_dtype=param_dtype)))
+        model=model, model_args=MODELS[model], sample_shape=(SEQUENCE,), device="cpu",
+        batch_size=batch, activation_checkpointing=checkpointing,
+        optimizer_impl="foreach" if foreach else "default",
+        parallel=ParallelSpec(strategy="fsdp" if strategy == "tp" else strategy,
+                              gpus_per_node=world, tp=tp, param_dtype=param_dtype)))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -45,7 +50,7 @@ def test_fsdp_rank_holds_its_shard_of_the_states():
     single = estimate(TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(64,),
                                    device="cpu", batch_size=2))
     for world in (2, 4):
-        rank = _rank_report("fsdp", 2, None, False, world=world)
+        rank = _rank_report("gpt2", "fsdp", 2, None, False, False, world=world)
         parameters = single.static.parameter_bytes
         assert rank.device.breakdown.parameters == pytest.approx(parameters / world, rel=0.01)
         assert rank.device.breakdown.optimizer_state == pytest.approx(
@@ -73,7 +78,7 @@ def test_the_process_is_left_as_it_was_after_a_distributed_trace():
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
     before = (torch.UntypedStorage.resize_, ShardingPropagator._fake_mode_lock)
-    _rank_report("ddp", 1, None, False, world=4)
+    _rank_report("gpt2", "ddp", 1, None, False, False, world=4)
     assert not dist.is_initialized()
     assert (torch.UntypedStorage.resize_, ShardingPropagator._fake_mode_lock) == before
 

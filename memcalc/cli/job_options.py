@@ -20,7 +20,8 @@ JOB_OPTIONS = [
     click.option("--nodes", "job_nodes", type=click.IntRange(min=1), default=1,
                  show_default=True, help="Nodes of the distributed job."),
     click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
-                 help="Tensor-parallel degree (not traced yet: must be 1)."),
+                 help="Tensor-parallel degree inside each data-parallel group (DTensor "
+                      "column/row-wise plans for the blocks' attention and MLP)."),
     click.option("--param-dtype", type=click.Choice(PARAM_DTYPES),
                  help="FSDP2 MixedPrecisionPolicy.param_dtype: parameters cast once per unit "
                       "at the all-gather, compute in that dtype, fp32 master weights."),
@@ -55,9 +56,6 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
         return None
     if gpus is None:
         raise InputError(f"--strategy {strategy.value} needs --gpus N (GPUs per node)")
-    if fields["tp"] != 1:
-        raise InputError("--tp: tensor parallelism is not traced yet; drop --tp (or use "
-                         "`memcalc plan` for its derived estimate)")
     try:
         return ParallelSpec(strategy=strategy, gpus_per_node=gpus, **fields)
     except ValidationError as error:

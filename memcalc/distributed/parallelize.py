@@ -2,8 +2,8 @@
 parallel, then data parallel), each with the real torch wrapper.
 
 Known limitations: tensor parallelism shards the ``nn.Linear`` layers of the repeated blocks
-by name (``memcalc.distributed.tensor_plan``); pipeline and context parallelism are not
-traced.
+by name (``memcalc.distributed.tensor_plan``); DDP with tensor parallelism, pipeline and
+context parallelism are not traced.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from memcalc.distributed.specs import DataParallel, ParallelSpec, Reshard
+from memcalc.distributed.tensor_plan import tensor_plan
 from memcalc.dtypes import DTYPES
 
 
@@ -110,14 +111,39 @@ SHARDS_PARAMETERS = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
 it runs before the trace counts them); DDP allocates its buckets at construction, counted."""
 
 
-def data_mesh(spec: ParallelSpec):
-    """The data-parallel device mesh of this rank (CPU: the trace runs on fake CPU tensors)."""
+def job_mesh(spec: ParallelSpec):
+    """This rank's device mesh, data parallel outer and tensor parallel inner (torchtitan's
+    order); CPU, as the trace runs on fake CPU tensors."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if spec.tp == 1:
-        return init_device_mesh("cpu", (spec.dp,), mesh_dim_names=("dp",))
-    mesh = init_device_mesh("cpu", (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
-    return mesh["dp"]
+    return init_device_mesh("cpu", (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
+
+
+def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]) -> nn.Module:
+    """Tensor parallelism over the mesh's ``tp`` dimension (``memcalc.distributed.tensor_plan``)."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+              "embedding-rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+              "head-colwise": lambda: ColwiseParallel(output_layouts=Replicate())}
+    plan = {name: styles[style]() for name, style in tensor_plan(model, blocks).items()}
+    parallelize_module(model, mesh["tp"], plan)
+    return model
+
+
+def parallelize(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str],
+                sharding: bool) -> nn.Module:
+    """The job's parallelisms in torchtitan's order: tensor parallel, then data parallel.
+    ``sharding``: the wrappers that replace the parameters (tensor parallel, FSDP2), applied
+    before the trace counts the states; else DDP, whose buckets are counted as it makes them.
+    A dimension of size 1 gets no wrapper."""
+    if sharding and spec.tp > 1:
+        model = parallelize_tp(model, spec, mesh, blocks)
+    if spec.dp > 1 and (spec.strategy in SHARDS_PARAMETERS) == sharding:
+        model = DATA_PARALLEL[spec.strategy](model, spec, mesh["dp"], blocks)
+    return model
 
 
 def compute_dtype(spec: ParallelSpec | None) -> torch.dtype | None:

@@ -76,6 +76,8 @@ class ParallelSpec(BaseModel):
             extras.append("gradient_as_bucket_view")
         if self.strategy is DataParallel.FSDP and self.reshard_after_forward is not Reshard.DEFAULT:
             extras.append(f"reshard after forward: {self.reshard_after_forward.value}")
+        if self.tp > 1:
+            extras.insert(0, f"tensor parallel {self.tp}")
         return (f"{self.strategy.value} on {self.world_size} GPUs{nodes}"
                 + "".join(f", {extra}" for extra in extras))
 
@@ -90,6 +92,9 @@ class ParallelSpec(BaseModel):
             value = getattr(self, name)
             if value is not None and value not in PARAM_DTYPES:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(PARAM_DTYPES)}")
+        if self.tp > 1 and self.strategy is DataParallel.DDP and self.dp > 1:
+            raise ValueError("DDP with tensor parallelism is not traced; use --strategy fsdp "
+                             "(FSDP2 over the data-parallel ranks, as torchtitan does)")
         mixed = self.param_dtype is not None or self.reduce_dtype is not None
         if mixed and self.strategy is DataParallel.DDP:
             raise ValueError("--param-dtype/--reduce-dtype are FSDP2's mixed-precision policy; "

@@ -32,7 +32,7 @@ from memcalc.trace._torch_internals import (
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing, repeated_blocks
-from memcalc.distributed.parallelize import DATA_PARALLEL, SHARDS_PARAMETERS, data_mesh
+from memcalc.distributed.parallelize import job_mesh, parallelize
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
@@ -193,9 +193,8 @@ def _traced(setup: StepSetup, replay: bool) -> TraceResult:
 
 @contextlib.contextmanager
 def _rank_of(parallel: ParallelSpec | None):
-    """Rank 0 of the job's fake process group around the trace, and its data-parallel device
-    mesh (made outside the fake mode, which would fake the mesh's rank table); None without
-    a layout."""
+    """Rank 0 of the job's fake process group around the trace, and its device mesh (made
+    outside the fake mode, which would fake the mesh's rank table); None without a layout."""
     if parallel is None:
         yield None
         return
@@ -207,18 +206,17 @@ def _rank_of(parallel: ParallelSpec | None):
                          "(call memcalc before init_process_group, or with isolate=True)"
                          ) from None
     try:
-        yield data_mesh(parallel)
+        yield job_mesh(parallel)
     finally:
         group.__exit__(None, None, None)
 
 
 def _wrap(setup: StepSetup, model: nn.Module, sharding: bool, mesh) -> nn.Module:
-    """The model as the job wraps it: the sharding wrappers before the states are counted
-    (``sharding``), DDP after (its buckets are allocated at construction)."""
-    parallel = setup.parallel
-    if parallel is None or (parallel.strategy in SHARDS_PARAMETERS) != sharding:
+    """The model as the job wraps it: tensor parallel and FSDP2 before the states are
+    counted (``sharding``), DDP after (its buckets are allocated at construction)."""
+    if setup.parallel is None:
         return model
-    return DATA_PARALLEL[parallel.strategy](model, parallel, mesh, repeated_blocks(model))
+    return parallelize(model, setup.parallel, mesh, repeated_blocks(model), sharding)
 
 
 def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> TraceResult:
