@@ -9,6 +9,7 @@ context parallelism are not traced.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -111,12 +112,22 @@ SHARDS_PARAMETERS = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
 it runs before the trace counts them); DDP allocates its buckets at construction, counted."""
 
 
-def job_mesh(spec: ParallelSpec):
+@dataclass(frozen=True)
+class JobMesh:
+    """This rank's data-parallel and tensor-parallel device meshes."""
+
+    dp: object
+    tp: object
+
+
+def job_mesh(spec: ParallelSpec) -> JobMesh:
     """This rank's device mesh, data parallel outer and tensor parallel inner (torchtitan's
-    order); CPU, as the trace runs on fake CPU tensors."""
+    order), and its two dimensions. CPU, as the trace runs on fake CPU tensors; made outside
+    the fake mode (slicing a mesh computes with its rank table, which a fake tensor lacks)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh("cpu", (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh("cpu", (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
+    return JobMesh(mesh["dp"], mesh["tp"])
 
 
 def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]) -> nn.Module:
@@ -129,7 +140,7 @@ def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]
               "embedding-rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
               "head-colwise": lambda: ColwiseParallel(output_layouts=Replicate())}
     plan = {name: styles[style]() for name, style in tensor_plan(model, blocks).items()}
-    parallelize_module(model, mesh["tp"], plan)
+    parallelize_module(model, mesh.tp, plan)
     return model
 
 
@@ -142,7 +153,7 @@ def parallelize(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str],
     if sharding and spec.tp > 1:
         model = parallelize_tp(model, spec, mesh, blocks)
     if spec.dp > 1 and (spec.strategy in SHARDS_PARAMETERS) == sharding:
-        model = DATA_PARALLEL[spec.strategy](model, spec, mesh["dp"], blocks)
+        model = DATA_PARALLEL[spec.strategy](model, spec, mesh.dp, blocks)
     return model
 
 

@@ -520,3 +520,18 @@ def function_mode_stack() -> list:
     from torch.overrides import _get_current_function_mode_stack
 
     return list(_get_current_function_mode_stack())
+
+
+@contextlib.contextmanager
+def fake_mode_paused() -> Iterator[None]:
+    """The fake mode off the stack (``unset_fake_temporarily``): fake tensors still compute
+    as fakes, but a small real tensor (a device mesh's rank table) computes for real, as
+    FSDP2 needs to join its mesh with tensor parallelism's."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        yield
+
+
+def is_fake(tensor: torch.Tensor) -> bool:
+    return isinstance(local_tensor(tensor), FakeTensor)

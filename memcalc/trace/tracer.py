@@ -24,7 +24,9 @@ from memcalc.trace._torch_internals import (
     RealAllocationError,
     StorageWatcher,
     fake_cpu_mode,
+    fake_mode_paused,
     fake_process_group,
+    is_fake,
     local_tensor,
     materialize_fake,
     quiet_fake_tensor_logger,
@@ -216,7 +218,13 @@ def _wrap(setup: StepSetup, model: nn.Module, sharding: bool, mesh) -> nn.Module
     counted (``sharding``), DDP after (its buckets are allocated at construction)."""
     if setup.parallel is None:
         return model
-    return parallelize(model, setup.parallel, mesh, repeated_blocks(model), sharding)
+    if not sharding:
+        return parallelize(model, setup.parallel, mesh, repeated_blocks(model), sharding)
+    with fake_mode_paused():   # the wrappers compute with the mesh's (real) rank table
+        model = parallelize(model, setup.parallel, mesh, repeated_blocks(model), sharding)
+    if not all(is_fake(tensor) for tensor in (*model.parameters(), *model.buffers())):
+        raise TraceError("the distributed wrappers made real parameters (not traceable)")
+    return model
 
 
 def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> TraceResult:
