@@ -88,3 +88,15 @@ def test_the_resize_wrapper_is_removed_after_the_trace():
     with StorageWatcher(lambda storage: None, lambda token: None):
         assert torch.UntypedStorage.resize_ is not original
     assert torch.UntypedStorage.resize_ is original
+
+
+def test_a_rank_that_cannot_be_traced_is_never_shown_as_a_rank_share():
+    from memcalc.render.verdict import verdict_line
+
+    report = estimate(TrainingSpec(model="tests.fixtures.user_builders:raises_in_forward",
+                                   sample_shape=(16,), device="cpu", batch_size=2,
+                                   parallel=ParallelSpec(strategy="fsdp", gpus_per_node=2)))
+    assert report.device.method != "traced"
+    line = verdict_line(report)
+    assert line.startswith("FIT UNKNOWN (STATIC)") and "a rank" not in line
+    assert "not sharded" in line

@@ -23,6 +23,10 @@ def verdict_line(report: Report) -> str:
              f"{format_bytes(device.total_bytes)} a rank ({parallel.strategy.value} on "
              f"{parallel.world_size} GPUs)")
     if device.method != "traced":
+        if parallel is not None:   # the static count is one GPU's, not a rank's share
+            return (f"FIT UNKNOWN (STATIC): the rank of {parallel.describe()} could not be "
+                    f"traced; one GPU's static count at batch {device.batch_size} is "
+                    f"{format_bytes(device.total_bytes)} (not sharded)")
         return f"FIT UNKNOWN (STATIC): {needs} or more (step not traced)"
     if device.kind != "cuda":
         return f"CPU training: {needs} of host RAM for the step"
