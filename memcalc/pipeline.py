@@ -35,7 +35,7 @@ from memcalc.report.assumptions import (
 )
 from memcalc.report.models import InputSummary, ModelSummary, Report
 from memcalc.specs import DeviceKind, OptimizerImpl, TrainingSpec
-from memcalc.trace.checkpointing import repeated_blocks
+from memcalc.trace.checkpointing import policy_blocks, repeated_blocks
 from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.trace.optimizers import OptimizerRule, configured_rule
@@ -154,8 +154,10 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       cuda_capability=gpu.compute_capability_tuple if gpu else None,
                       keep_zeroed_grads=not spec.zero_grad_to_none,
                       softmax_saves_input=spec.softmax_saves_input,
-                      checkpoint_blocks=tuple(repeated_blocks(model))
+                      checkpoint_blocks=tuple(policy_blocks(
+                          spec.activation_checkpointing, repeated_blocks(model)))
                       if spec.activation_checkpointing else (),
+                      checkpoint_policy=spec.activation_checkpointing or "full",
                       offload_activations=spec.offload_activations, halo_axis=halo_axis,
                       cudnn=profile.cudnn if spec.device is DeviceKind.CUDA else None,
                       cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32,

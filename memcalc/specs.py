@@ -146,8 +146,10 @@ class TrainingSpec(BaseModel):
     """torch.optim's weight_decay (for-loop and foreach add a gradient-sized temporary)."""
     amsgrad: bool = False
     """Adam/AdamW keep ``max_exp_avg_sq``, a third parameter-sized state tensor."""
-    activation_checkpointing: bool = False
-    """Checkpoint the model's repeated blocks (``memcalc.trace.checkpointing``) in the traced step."""
+    activation_checkpointing: str | None = None
+    """Checkpoint the model's repeated blocks (``memcalc.trace.checkpointing``) in the traced
+    step: ``full`` (True), ``selective`` (torchtitan's per-op policy inside every block) or
+    ``every:N`` (every N-th block in full); None (False): no checkpointing."""
     offload_activations: bool = False
     """Saved activations kept in host memory (``torch.autograd.graph.save_on_cpu``)."""
     parallel: ParallelSpec | None = None
@@ -196,6 +198,21 @@ class TrainingSpec(BaseModel):
             if bad:
                 raise ValueError(f"sample shape dimensions must be positive: got {shape}")
         return shape
+
+    @field_validator("activation_checkpointing", mode="before")
+    @classmethod
+    def _checkpointing_policy(cls, value: Any) -> str | None:
+        if value is True:
+            return "full"
+        if value is False or value is None:
+            return None
+        text = str(value).strip().lower()
+        if text in ("full", "selective"):
+            return text
+        every = text.removeprefix("every:")
+        if text.startswith("every:") and every.isdigit() and int(every) >= 1:
+            return f"every:{int(every)}"
+        raise ValueError(f"checkpointing {value!r}: use full, selective or every:N (N ≥ 1)")
 
     @field_validator("input_dtype")
     @classmethod

@@ -62,12 +62,36 @@ def test_counting_flops_in_the_first_iteration_does_not_change_what_it_keeps():
 TINY_BERT = dict(vocab=1000, dim=64, depth=3, heads=4, hidden=128, max_positions=64)
 
 
-def test_dropout_under_checkpointing_traces_for_a_cuda_target():
+@pytest.mark.parametrize("policy", ["full", "selective", "every:2"])
+def test_dropout_under_checkpointing_traces_for_a_cuda_target(policy):
     """CUDA's fused dropout (a bool mask) is substituted in the forward; the recomputation in
     backward must make the same tensors, or torch's checkpoint refuses the trace."""
-    def report(checkpointing: bool):
+    def report(checkpointing):
         return estimate(TrainingSpec(model="bert_large", model_args=TINY_BERT, sample_shape=(64,),
                                      batch_size=8, activation_checkpointing=checkpointing))
-    plain, checkpointed = report(False), report(True)
+    plain, checkpointed = report(None), report(policy)
     assert checkpointed.device.method == plain.device.method == "traced"
     assert checkpointed.device.breakdown.activations < plain.device.breakdown.activations
+
+
+def test_selective_keeps_more_than_full_and_less_than_none():
+    def activations(checkpointing):
+        return estimate(TrainingSpec(model="llama_7b", sample_shape=(64,), batch_size=8,
+                                     model_args=dict(vocab=1000, dim=64, depth=4, heads=4,
+                                                     hidden=172, max_positions=64),
+                                     device="cpu", activation_checkpointing=checkpointing)
+                        ).device.breakdown.activations
+    assert activations("full") < activations("selective") < activations(None)
+    assert activations("full") < activations("every:2") < activations(None)
+
+
+@pytest.mark.parametrize("given,policy", [(True, "full"), (False, None), ("Selective", "selective"),
+                                          ("every:3", "every:3")])
+def test_checkpointing_policies_accepted(given, policy):
+    assert TrainingSpec(model="gpt2", activation_checkpointing=given).activation_checkpointing == policy
+
+
+@pytest.mark.parametrize("given", ["every:0", "sometimes", "every:x"])
+def test_a_bad_checkpointing_policy_is_refused(given):
+    with pytest.raises(ValueError, match="use full, selective or every:N"):
+        TrainingSpec(model="gpt2", activation_checkpointing=given)

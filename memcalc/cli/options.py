@@ -211,8 +211,11 @@ MODEL_OPTIONS = [
     click.option("--zero-grad", type=click.Choice(["none", "zeros"]), default="none", show_default=True,
                  help="zero_grad(set_to_none=True) frees gradients; 'zeros' keeps them (torch < 2.0)."),
     click.option("--precision", type=enum_choice(Precision), default="fp32", show_default=True),
-    click.option("--checkpointing", is_flag=True,
-                 help="Activation checkpointing of the model's repeated blocks (traced)."),
+    click.option("--checkpointing", is_flag=False, flag_value="full", default=None,
+                 metavar="[full|selective|every:N]",
+                 help="Activation checkpointing of the model's repeated blocks (traced): "
+                      "alone or 'full', every block; 'selective', torchtitan's per-op policy; "
+                      "'every:N', every N-th block."),
     click.option("--offload-activations", is_flag=True,
                  help="Saved activations in host memory (torch.autograd.graph.save_on_cpu)."),
     click.option("--spatial-parts", type=click.IntRange(min=1), default=1, show_default=True,

@@ -139,8 +139,11 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
     """What the traced step itself was made to do: checkpointing, spatial split, offloading."""
     blocks, lines = checkpoint_blocks, []
     if blocks:
-        lines.append(f"activation checkpointing (non-reentrant) of {len(blocks)} repeated "
-                     f"blocks: {blocks[0]} … {blocks[-1]}")
+        how = {"selective": "selective per-op (matmul outputs but every second one and "
+                            "attention outputs kept, the rest recomputed; torchtitan's op "
+                            "policy)"}.get(spec.activation_checkpointing or "", "full")
+        lines.append(f"activation checkpointing (non-reentrant, {how}) of {len(blocks)} "
+                     f"repeated blocks: {blocks[0]} … {blocks[-1]}")
     if spec.spatial_parts > 1:
         lines.append(
             f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "

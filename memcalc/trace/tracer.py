@@ -82,6 +82,8 @@ class StepSetup:
     keep_zeroed_grads: bool = False
     """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
     checkpoint_blocks: tuple[str, ...] = ()
+    checkpoint_policy: str = "full"
+    """``full`` or ``every:N``: the blocks in full; ``selective``: per-op inside them."""
     """Modules whose forward runs under non-reentrant activation checkpointing."""
     offload_activations: bool = False
     """Saved activations go to host memory in forward and come back in backward."""
@@ -152,7 +154,7 @@ def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.
     its repeated blocks checkpointed, its padded layers taking ``halos`` under spatial
     parallelism."""
     model = materialize_fake(meta_model, setup.policy.parameter_dtype).train()
-    apply_checkpointing(model, list(setup.checkpoint_blocks))
+    apply_checkpointing(model, list(setup.checkpoint_blocks), setup.checkpoint_policy)
     if setup.halo_axis is not None:
         apply_halo_exchange(model, setup.halo_axis, halos)
     return model
