@@ -17,7 +17,10 @@ from benchmarks.results import publish
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
+from memcalc.device.batch_search import plan_batch
+from memcalc.pipeline import _prepare
 from tests.fixtures.distributed_truth import MODELS, SEQUENCE, measure_rank_peaks
+from tests.fixtures.published_distributed import GIB, PUBLISHED_RANKS
 
 RESULTS = Path(__file__).with_name("results-distributed.md")
 CASES = {
@@ -74,6 +77,19 @@ def main() -> None:
             error = (trace - min(peaks)) / min(peaks)
             lines.append(f"| {world} | {model} | {layout} | {batch} | {trace:,} | "
                          f"{' / '.join(f'{peak:,}' for peak in peaks)} | {100 * error:+.2f} % |")
+    lines += ["", "Published per-rank figures (the metric each source reports: peak reserved), "
+              "with memcalc's traced rank at the same batch and its largest batch on the card:",
+              "", "| job | source | reported | memcalc | error | largest batch (ran) |",
+              "|---|---|---:|---:|---:|---:|"]
+    for case in PUBLISHED_RANKS:
+        step = _prepare(case.spec, None)
+        report = step.device_report(case.spec.batch_size)
+        largest = plan_batch(step.device_report, step.target.usable_bytes)[0].max_batch_size
+        error = (report.peak_reserved_bytes - case.reserved_bytes) / case.reserved_bytes
+        lines.append(f"| {case.name} | {case.source.split(' ')[0]} | "
+                     f"{case.reserved_bytes / GIB:.1f} GiB | "
+                     f"{report.peak_reserved_bytes / GIB:.1f} GiB | {100 * error:+.1f} % | "
+                     f"{largest} ({case.ran_batch}) |")
     publish(RESULTS, "memcalc distributed-job benchmark", lines)
 
 

@@ -158,6 +158,9 @@ class TrainingSpec(BaseModel):
     spatial_parts: int = Field(default=1, ge=1)
     """Spatial parallelism: every sample split along its longest spatial axis over this many
     GPUs (``memcalc.trace.halos``); the estimate is one GPU's, running its slab."""
+    free_output: bool = False
+    """The training loop deletes the model's output before ``backward()`` (torchtitan's
+    ``del pred``); False keeps it alive through the step, as most loops do."""
     zero_grad_to_none: bool = True
     """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
     softmax_saves_input: bool = False

@@ -15,6 +15,7 @@ from models_zoo.bert import bert_large
 from models_zoo.convnext import convnext
 from models_zoo.gpt2 import gpt2
 from models_zoo.llama import llama_7b
+from models_zoo.llama3 import llama3_8b
 from models_zoo.mlp import mlp
 from models_zoo.resnet2d import resnet50
 from models_zoo.resnet3d import resnet3d
@@ -49,6 +50,8 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("gpt2", gpt2, (1024,), "int64", "GPT-2 small (124M), token ids (S,)"),
         ZooEntry("llama_7b", llama_7b, (2048,), "int64",
                  "LLaMA-style 7B decoder (RMSNorm, RoPE, SwiGLU), token ids (S,)"),
+        ZooEntry("llama3_8b", llama3_8b, (8192,), "int64",
+                 "Llama 3.1 8B as torchtitan writes it (GQA, fp32 logits), token ids (S,)"),
         ZooEntry("mlp", mlp, (1024,), "float32", "MLP 1024-4096x3-10, features (F,)"),
     )
 }

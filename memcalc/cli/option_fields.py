@@ -13,7 +13,7 @@ OPTION_FIELDS: dict[str, str] = {
     "forward_args": "forward_args", "boxes_per_image": "boxes_per_image",
     "batch_size": "batch_size", "loss": "loss", "optimizer": "optimizer",
     "optimizer_impl": "optimizer_impl", "weight_decay": "weight_decay", "amsgrad": "amsgrad",
-    "zero_grad": "zero_grad_to_none", "precision": "precision",
+    "zero_grad": "zero_grad_to_none", "free_output": "free_output", "precision": "precision",
     "checkpointing": "activation_checkpointing", "offload_activations": "offload_activations",
     "spatial_parts": "spatial_parts", "device": "device", "gpu": "gpu",
     "gpu_memory": "gpu_memory_bytes", "headroom": "headroom_fraction",

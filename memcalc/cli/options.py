@@ -210,6 +210,9 @@ MODEL_OPTIONS = [
     click.option("--amsgrad", is_flag=True, help="Adam/AdamW amsgrad (one more state tensor)."),
     click.option("--zero-grad", type=click.Choice(["none", "zeros"]), default="none", show_default=True,
                  help="zero_grad(set_to_none=True) frees gradients; 'zeros' keeps them (torch < 2.0)."),
+    click.option("--free-output", is_flag=True,
+                 help="The loop deletes the model's output before backward (torchtitan's "
+                      "`del pred`); default: it stays alive through the step."),
     click.option("--precision", type=enum_choice(Precision), default="fp32", show_default=True),
     click.option("--checkpointing", is_flag=False, flag_value="full", default=None,
                  metavar="[full|selective|every:N]",

@@ -32,6 +32,9 @@ class StepBody:
     autocast_dtype: torch.dtype | None = None
     keep_zeroed_grads: bool = False
     """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
+    free_output: bool = False
+    """The loop drops the model's output before backward (torchtitan's ``del pred``); what
+    autograd saved of it stays."""
 
 
 class StepObserver:
@@ -81,8 +84,11 @@ class TrainingIteration:
             loss = (model_loss(output) if body.loss is LossKind.MODEL
                     else compute_loss(body.loss, output, self._target[0], body.classes_last))
             observer.loss_ends()
-        # ``output`` stays alive through backward and the optimizer step, as in a training loop
-        return self._backward_and_step(loss, output_shape(output))
+        shape = output_shape(output)
+        if body.free_output:
+            del output
+        # else ``output`` stays alive through backward and the optimizer step, as in most loops
+        return self._backward_and_step(loss, shape)
 
     def _backward_and_step(self, loss: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
         body, observer = self.body, self.observer

@@ -81,6 +81,8 @@ class StepSetup:
     """torch < 1.11's softmax formula (``memcalc.trace.legacy_autograd``)."""
     keep_zeroed_grads: bool = False
     """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
+    free_output: bool = False
+    """The loop drops the model's output before backward (``StepBody.free_output``)."""
     checkpoint_blocks: tuple[str, ...] = ()
     checkpoint_policy: str = "full"
     """``full`` or ``every:N``: the blocks in full; ``selective``: per-op inside them."""
@@ -113,7 +115,7 @@ class StepSetup:
     @property
     def body(self) -> StepBody:
         return StepBody(self.loss, self.classes_last, self.policy.autocast_dtype,
-                        self.keep_zeroed_grads)
+                        self.keep_zeroed_grads, self.free_output)
 
 
 @dataclass
