@@ -13,6 +13,7 @@ from tests.fixtures.distributed_truth import MODELS, SEQUENCE, TINY_GPT2, measur
 WORLD = 2
 CASES = {
     "ddp": ("gpt2", "ddp", 2, None, False, False),
+    "zero1": ("gpt2", "zero1", 2, None, False, False),
     "zero2": ("gpt2", "zero2", 2, None, False, False),
     "fsdp": ("gpt2", "fsdp", 2, None, False, False),
     "fsdp-param-bf16": ("gpt2", "fsdp", 2, "bfloat16", False, False),

@@ -13,6 +13,7 @@ from memcalc.errors import InputError
 JOB_OPTIONS = [
     click.option("--strategy", type=enum_choice(DataParallel),
                  help="Trace one rank of a distributed job: ddp (DistributedDataParallel), "
+                      "zero1 (DDP + ZeroRedundancyOptimizer), "
                       "zero2 (FSDP2 without resharding after forward) or fsdp (FSDP2 "
                       "fully_shard per block + root); needs --gpus."),
     click.option("--gpus", "job_gpus", type=click.IntRange(min=1),
@@ -51,11 +52,12 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
                   gradient_as_bucket_view=options.pop("bucket_view", False))
     if strategy is None:
         if gpus is not None:
-            raise InputError("--gpus needs --strategy (ddp, zero2 or fsdp) to say how the "
+            raise InputError("--gpus needs --strategy (ddp, zero1, zero2 or fsdp) to say how the "
                              "job is distributed")
         return None
     if gpus is None:
-        raise InputError(f"--strategy {strategy.value} needs --gpus N (GPUs per node)")
+        raise InputError(f"--strategy {DataParallel(strategy).value} needs --gpus N (GPUs per "
+                         "node)")
     try:
         return ParallelSpec(strategy=strategy, gpus_per_node=gpus, **fields)
     except ValidationError as error:

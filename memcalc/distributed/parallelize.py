@@ -102,6 +102,7 @@ def _all_reduce_in_place(group, bucket):
 
 DATA_PARALLEL: dict[DataParallel, Callable] = {
     DataParallel.DDP: parallelize_ddp,
+    DataParallel.ZERO1: parallelize_ddp,
     DataParallel.ZERO2: parallelize_fsdp,
     DataParallel.FSDP: parallelize_fsdp,
 }
@@ -164,3 +165,35 @@ def compute_dtype(spec: ParallelSpec | None) -> torch.dtype | None:
 
 def _dtype(name: str | None) -> torch.dtype | None:
     return DTYPES[name] if name else None
+
+
+def job_optimizer(spec: ParallelSpec | None, mesh: JobMesh | None,
+                  build: Callable[[list], torch.optim.Optimizer],
+                  params: list) -> torch.optim.Optimizer:
+    """The job's optimizer over ``params`` (``build`` makes the plain one): ZeRO-1 wraps it in
+    ``ZeroRedundancyOptimizer``, which builds it over this rank's share of the parameters."""
+    if spec is None or spec.strategy is not DataParallel.ZERO1 or spec.dp == 1:
+        return build(params)
+    import warnings
+
+    with warnings.catch_warnings():    # its package imports deprecated torch.jit helpers
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(params, optimizer_class=_Built(build),
+                                   process_group=mesh.dp.get_group())
+
+
+class _Built:
+    """``ZeroRedundancyOptimizer``'s ``optimizer_class``: called with the rank's parameters."""
+
+    def __init__(self, build: Callable[[list], torch.optim.Optimizer]) -> None:
+        self.build = build
+
+    def __call__(self, params, **defaults) -> torch.optim.Optimizer:
+        return self.build(list(params))
+
+
+def local_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds the state (ZeRO-1's inner one)."""
+    return getattr(optimizer, "optim", optimizer)

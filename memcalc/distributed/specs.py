@@ -15,6 +15,9 @@ class DataParallel(str, Enum):
 
     DDP = "ddp"
     """``DistributedDataParallel``: every state replicated, gradients all-reduced in buckets."""
+    ZERO1 = "zero1"
+    """DDP with ``ZeroRedundancyOptimizer``: each rank keeps the optimizer state of its share
+    of the parameters (ZeRO-1) and broadcasts them after its step."""
     ZERO2 = "zero2"
     """FSDP2 ``fully_shard(reshard_after_forward=False)``: parameters gathered from forward
     to backward, gradients and optimizer state sharded (ZeRO-2, FSDP1's SHARD_GRAD_OP)."""
@@ -72,7 +75,8 @@ class ParallelSpec(BaseModel):
         nodes = f" ({self.nodes} nodes × {self.gpus_per_node})" if self.nodes > 1 else ""
         extras = [f"{name} {value}" for name, value in (("param", self.param_dtype),
                                                         ("reduce", self.reduce_dtype)) if value]
-        if self.strategy is DataParallel.DDP and self.gradient_as_bucket_view:
+        if self.strategy is not DataParallel.FSDP and self.strategy is not DataParallel.ZERO2 \
+                and self.gradient_as_bucket_view:
             extras.append("gradient_as_bucket_view")
         if self.strategy is DataParallel.FSDP and self.reshard_after_forward is not Reshard.DEFAULT:
             extras.append(f"reshard after forward: {self.reshard_after_forward.value}")
@@ -92,11 +96,11 @@ class ParallelSpec(BaseModel):
             value = getattr(self, name)
             if value is not None and value not in PARAM_DTYPES:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(PARAM_DTYPES)}")
-        if self.tp > 1 and self.strategy is DataParallel.DDP and self.dp > 1:
+        if self.tp > 1 and self.strategy in (DataParallel.DDP, DataParallel.ZERO1) and self.dp > 1:
             raise ValueError("DDP with tensor parallelism is not traced; use --strategy fsdp "
                              "(FSDP2 over the data-parallel ranks, as torchtitan does)")
         mixed = self.param_dtype is not None or self.reduce_dtype is not None
-        if mixed and self.strategy is DataParallel.DDP:
+        if mixed and self.strategy in (DataParallel.DDP, DataParallel.ZERO1):
             raise ValueError("--param-dtype/--reduce-dtype are FSDP2's mixed-precision policy; "
                              "for DDP use --precision bf16-mixed (autocast)")
         return self

@@ -34,7 +34,8 @@ from memcalc.trace._torch_internals import (
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing, repeated_blocks
-from memcalc.distributed.parallelize import job_mesh, parallelize
+from memcalc.distributed.parallelize import (job_mesh, job_optimizer, local_optimizer,
+                                              parallelize)
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
@@ -265,8 +266,10 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> Trace
     try:
         with bounded, watcher, legacy, kernels or contextlib.nullcontext():
             job_model = _wrap(setup, model, False, mesh)
-            optimizer = setup.optimizer.build(model.parameters(), setup.foreach)
-            observer = _LedgerObserver(watcher, cursor, ledger, model, optimizer)
+            optimizer = job_optimizer(setup.parallel, mesh,
+                                      lambda params: setup.optimizer.build(params, setup.foreach),
+                                      list(model.parameters()))
+            observer = _LedgerObserver(watcher, cursor, ledger, model, local_optimizer(optimizer))
             steps = OptimizerSteps(optimizer, TraceSide(
                 ledger, watcher.op_names, bounded.use_counts,
                 lambda: (cursor.phase, cursor.iteration, cursor.module_path),

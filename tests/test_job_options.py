@@ -1,0 +1,49 @@
+"""The distributed job's options on the command line: each mistake is one Error line, exit 2."""
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from memcalc.cli.commands import main
+from tests.fixtures.cli import assert_exited_cleanly
+
+TINY = ["--model", "gpt2", "--model-arg", "vocab=1000", "--model-arg", "n_positions=64",
+        "--model-arg", "dim=64", "--model-arg", "depth=2", "--model-arg", "heads=4",
+        "--shape", "64", "--batch-size", "2", "--device", "cpu"]
+
+MISTAKES = {
+    "gpus without a strategy": (["--gpus", "8"], r"--gpus needs --strategy"),
+    "strategy without gpus": (["--strategy", "fsdp"], r"--strategy fsdp needs --gpus"),
+    "tp not dividing the gpus": (["--strategy", "fsdp", "--gpus", "6", "--tp", "4"],
+                                 r"--tp 4 does not divide the 6 GPUs"),
+    "param dtype with ddp": (["--strategy", "ddp", "--gpus", "2", "--param-dtype", "bfloat16"],
+                             r"FSDP2's mixed-precision policy"),
+    "ddp with tensor parallel": (["--strategy", "ddp", "--gpus", "4", "--tp", "2"],
+                                 r"DDP with tensor parallelism is not traced"),
+    "model without a tensor plan": (["--model", "mlp", "--shape", "1024", "--strategy", "fsdp",
+                                     "--gpus", "2", "--tp", "2"], r"--tp: .*drop --tp"),
+}
+
+
+@pytest.mark.parametrize("case", list(MISTAKES))
+def test_a_mistake_is_one_error_line(case):
+    extra, message = MISTAKES[case]
+    args = ["estimate", *TINY, *extra] if extra[0] != "--model" else \
+        ["estimate", "--device", "cpu", "--batch-size", "2", *extra]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert_exited_cleanly(result)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and re.search(message, result.stderr.replace("\n", " "))
+
+
+def test_the_json_report_carries_the_layout_and_one_rank():
+    result = CliRunner().invoke(main, ["estimate", *TINY, "--strategy", "zero1", "--gpus", "4",
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["spec"]["parallel"]["strategy"] == "zero1"
+    assert report["spec"]["parallel"]["gpus_per_node"] == 4
+    assert report["device"]["method"] == "traced"
