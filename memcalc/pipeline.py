@@ -153,7 +153,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       policy=policy, cuda_kernels=spec.device is DeviceKind.CUDA,
                       cuda_capability=gpu.compute_capability_tuple if gpu else None,
                       keep_zeroed_grads=not spec.zero_grad_to_none,
-                      free_output=spec.free_output,
+                      free_output=spec.free_output, clip_grad_norm=spec.clip_grad_norm,
                       softmax_saves_input=spec.softmax_saves_input,
                       checkpoint_blocks=tuple(policy_blocks(
                           spec.activation_checkpointing, repeated_blocks(model)))

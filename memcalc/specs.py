@@ -161,6 +161,8 @@ class TrainingSpec(BaseModel):
     free_output: bool = False
     """The training loop deletes the model's output before ``backward()`` (torchtitan's
     ``del pred``); False keeps it alive through the step, as most loops do."""
+    clip_grad_norm: float | None = Field(default=None, gt=0)
+    """``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` before every step."""
     zero_grad_to_none: bool = True
     """``zero_grad(set_to_none=...)``; False keeps zeroed gradients allocated (torch < 2.0)."""
     softmax_saves_input: bool = False

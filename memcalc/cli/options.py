@@ -210,6 +210,8 @@ MODEL_OPTIONS = [
     click.option("--amsgrad", is_flag=True, help="Adam/AdamW amsgrad (one more state tensor)."),
     click.option("--zero-grad", type=click.Choice(["none", "zeros"]), default="none", show_default=True,
                  help="zero_grad(set_to_none=True) frees gradients; 'zeros' keeps them (torch < 2.0)."),
+    click.option("--clip-grad-norm", type=FiniteFloatRange(min=0, min_open=True), metavar="MAX",
+                 help="clip_grad_norm_(model.parameters(), MAX) before every optimizer step."),
     click.option("--free-output", is_flag=True,
                  help="The loop deletes the model's output before backward (torchtitan's "
                       "`del pred`); default: it stays alive through the step."),

@@ -35,6 +35,9 @@ class StepBody:
     free_output: bool = False
     """The loop drops the model's output before backward (torchtitan's ``del pred``); what
     autograd saved of it stays."""
+    clip_grad_norm: float | None = None
+    """``torch.nn.utils.clip_grad_norm_(parameters, max_norm)`` between backward and the step
+    (its foreach norms and scaling make per-gradient temporaries)."""
 
 
 class StepObserver:
@@ -96,6 +99,10 @@ class TrainingIteration:
         loss.backward()
         if self.optimizer is not None:
             observer.enter(Phase.OPTIMIZER)
+            if body.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(
+                    [p for p in self.model.parameters() if p.grad is not None],
+                    body.clip_grad_norm)
             self._step()
             observer.enter(Phase.ZERO_GRAD)
             self.optimizer.zero_grad(set_to_none=not body.keep_zeroed_grads)

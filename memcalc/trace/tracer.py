@@ -84,6 +84,8 @@ class StepSetup:
     """``zero_grad(set_to_none=False)``: gradients stay allocated (PyTorch < 2.0 default)."""
     free_output: bool = False
     """The loop drops the model's output before backward (``StepBody.free_output``)."""
+    clip_grad_norm: float | None = None
+    """``clip_grad_norm_`` before the optimizer step (``StepBody.clip_grad_norm``)."""
     checkpoint_blocks: tuple[str, ...] = ()
     checkpoint_policy: str = "full"
     """``full`` or ``every:N``: the blocks in full; ``selective``: per-op inside them."""
@@ -116,7 +118,7 @@ class StepSetup:
     @property
     def body(self) -> StepBody:
         return StepBody(self.loss, self.classes_last, self.policy.autocast_dtype,
-                        self.keep_zeroed_grads, self.free_output)
+                        self.keep_zeroed_grads, self.free_output, self.clip_grad_norm)
 
 
 @dataclass
