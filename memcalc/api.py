@@ -156,7 +156,9 @@ def check_spec(spec: TrainingSpec) -> Report:
         raise UntracedEstimateError(_untraced_message(report), report=report)
     if not problems:
         return report
-    strategies = plan_spec(spec, ClusterSpec()) if spec.gpu and report.device.fits is False else None
+    # the planner varies a one-GPU job; a distributed layout is checked as given
+    strategies = (plan_spec(spec, ClusterSpec())
+                  if spec.gpu and report.device.fits is False and spec.parallel is None else None)
     raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
 
 
@@ -174,8 +176,11 @@ def _problems(report: Report) -> list[str]:
     device, host, problems = report.device, report.host, []
     if device.fits is False:
         largest = device.max_batch_size
+        parallel = report.spec.parallel
+        rank = (f" per GPU ({parallel.strategy.value} on {parallel.world_size} GPUs, one rank)"
+                if parallel else "")
         problems.append(
-            f"batch {device.batch_size} needs {format_bytes(device.total_bytes)} on the GPU, "
+            f"batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} on the GPU, "
             f"{format_bytes(device.plan.usable_bytes)} usable"
             + (f" (largest batch that fits: {largest})" if largest else " (not even batch 1 fits)"))
     if host is not None and not host.fits:
