@@ -97,8 +97,8 @@ def test_the_resize_wrapper_is_removed_after_the_trace():
 def test_a_rank_that_cannot_be_traced_is_never_shown_as_a_rank_share():
     from memcalc.render.verdict import verdict_line
 
-    report = estimate(TrainingSpec(model="tests.fixtures.user_builders:raises_in_forward",
-                                   sample_shape=(16,), device="cpu", batch_size=2,
+    report = estimate(TrainingSpec(model="tests.fixtures.hostile:forward_raises",
+                                   sample_shape=(8,), device="cpu", batch_size=2,
                                    parallel=ParallelSpec(strategy="fsdp", gpus_per_node=2)))
     assert report.device.method != "traced"
     line = verdict_line(report)
