@@ -104,3 +104,17 @@ def test_a_rank_that_cannot_be_traced_is_never_shown_as_a_rank_share():
     line = verdict_line(report)
     assert line.startswith("FIT UNKNOWN (STATIC)") and "a rank" not in line
     assert "not sharded" in line
+
+
+def test_a_plain_tensor_subclass_is_watched_like_a_tensor():
+    """Only subclasses with their own dispatch (DTensor) are let run first; a plain subclass
+    (as libraries mark tensors) would fail every op if the watcher deferred to it."""
+    class Marked(torch.Tensor):
+        pass
+
+    made: list[int] = []
+    with StorageWatcher(lambda storage: made.append(storage.nbytes()) or None,
+                        lambda token: None):
+        marked = torch.ones(256).as_subclass(Marked)
+        (marked * 2).sum()
+    assert 1024 in made

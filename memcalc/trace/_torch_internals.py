@@ -108,11 +108,20 @@ class OpInterceptor(TorchDispatchMode):
 
 
 def _wrapper_subclass(types) -> bool:
-    """An op on a tensor subclass other than the fake tensor (a DTensor of a tensor-parallel or
-    FSDP2 job): a mode returns NotImplemented so that the subclass runs first and the mode then
-    sees the ops on its local tensors, where the storages are (as ``mem_tracker`` does)."""
-    return any(kind is not FakeTensor and kind is not torch.Tensor
-               and not issubclass(kind, nn.Parameter) for kind in types)
+    """An op on a tensor subclass with its own ``__torch_dispatch__`` other than the fake
+    tensor (a DTensor of a tensor-parallel or FSDP2 job): a mode returns NotImplemented so
+    that the subclass runs first and the mode then sees the ops on its local tensors, where
+    the storages are (as ``mem_tracker`` does). Plain subclasses (``nn.Parameter``) have none."""
+    return any(kind is not FakeTensor and _dispatch_of(kind) is not _TENSOR_DISPATCH
+               for kind in types)
+
+
+def _dispatch_of(kind: type):
+    handler = getattr(kind, "__torch_dispatch__", None)
+    return getattr(handler, "__func__", handler)
+
+
+_TENSOR_DISPATCH = _dispatch_of(torch.Tensor)
 
 
 def start_cuda_allocation_history(max_entries: int = 1_000_000) -> None:
@@ -235,7 +244,7 @@ class StorageWatcher(TorchDispatchMode):
         return tensor.device.type == "meta" or _SHAPE_INFERENCE.depth > 0
 
     def __enter__(self):
-        self._resize = _ResizeTracker(self)
+        self._resize = _TraceHooks(self)
         self._resize.__enter__()
         try:
             return super().__enter__()
@@ -317,7 +326,7 @@ def _sharding_propagator():
     return ShardingPropagator if hasattr(ShardingPropagator, "_fake_mode_lock") else None
 
 
-class _ResizeTracker:
+class _TraceHooks:
     """Wraps ``torch.UntypedStorage.resize_`` and marks DTensor's shape inference while a
     watcher is active; other threads and other times call the originals. Restored on every
     exit path."""
