@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 import weakref
 from collections import Counter
@@ -319,11 +320,11 @@ class _InShapeInference:
 
 
 def _sharding_propagator():
-    try:
-        from torch.distributed.tensor._sharding_prop import ShardingPropagator
-    except ImportError:          # torch without DTensor
-        return None
-    return ShardingPropagator if hasattr(ShardingPropagator, "_fake_mode_lock") else None
+    """DTensor's ``ShardingPropagator`` when the process has loaded it (a distributed trace
+    applied its wrappers first; other traces do not pay for importing it)."""
+    module = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    propagator = getattr(module, "ShardingPropagator", None)
+    return propagator if hasattr(propagator, "_fake_mode_lock") else None
 
 
 class _TraceHooks:
