@@ -227,6 +227,13 @@ class TrainingSpec(BaseModel):
         return name
 
     @model_validator(mode="after")
+    def _one_kind_of_split(self) -> TrainingSpec:
+        if self.parallel is not None and self.spatial_parts > 1:
+            raise ValueError("--spatial-parts with --strategy is not traced together; give one "
+                             "of them (memcalc plan sizes spatial splits with data parallelism)")
+        return self
+
+    @model_validator(mode="after")
     def _workers_within_cpus(self) -> TrainingSpec:
         check_workers_within_cpus(self.loader, self.machine)
         return self

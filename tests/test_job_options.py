@@ -2,6 +2,8 @@
 
 import json
 import re
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -22,6 +24,8 @@ MISTAKES = {
                              r"FSDP2's mixed-precision policy"),
     "ddp with tensor parallel": (["--strategy", "ddp", "--gpus", "4", "--tp", "2"],
                                  r"DDP with tensor parallelism is not traced"),
+    "spatial split with a strategy": (["--strategy", "fsdp", "--gpus", "2", "--spatial-parts",
+                                       "2"], r"--spatial-parts with --strategy"),
     "model without a tensor plan": (["--model", "mlp", "--shape", "1024", "--strategy", "fsdp",
                                      "--gpus", "2", "--tp", "2"], r"--tp: .*drop --tp"),
 }
@@ -47,3 +51,17 @@ def test_the_json_report_carries_the_layout_and_one_rank():
     assert report["spec"]["parallel"]["strategy"] == "zero1"
     assert report["spec"]["parallel"]["gpus_per_node"] == 4
     assert report["device"]["method"] == "traced"
+
+
+def test_the_wrappers_print_nothing_before_the_verdict():
+    """FSDP2 warns about views of a wrapped module's output; the first line stays memcalc's
+    (a real process: pytest would catch the warning itself)."""
+    vit = ["--model", "vit_b16", "--shape", "3,32,32", "--batch-size", "2", "--device", "cpu",
+           *[item for arg in ("image_size=32", "dim=64", "depth=2", "heads=4", "num_classes=100")
+             for item in ("--model-arg", arg)]]
+    result = subprocess.run([sys.executable, "-m", "memcalc", "estimate", *vit, "--strategy",
+                             "fsdp", "--gpus", "4", "--tp", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith("CPU training: batch 2 per GPU")
+    assert "Warning" not in result.stderr, result.stderr

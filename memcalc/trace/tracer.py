@@ -11,6 +11,7 @@ their first size; tensors a model creates outside ATen ops (e.g. from numpy) are
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -215,7 +216,9 @@ def _rank_of(parallel: ParallelSpec | None):
                          "(call memcalc before init_process_group, or with isolate=True)"
                          ) from None
     try:
-        yield job_mesh(parallel)
+        with warnings.catch_warnings():   # FSDP2's advice on views of the output is for users
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed")
+            yield job_mesh(parallel)
     finally:
         group.__exit__(None, None, None)
 
