@@ -144,6 +144,12 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
                             "policy)"}.get(spec.activation_checkpointing or "", "full")
         lines.append(f"activation checkpointing (non-reentrant, {how}) of {len(blocks)} "
                      f"repeated blocks: {blocks[0]} … {blocks[-1]}")
+    if spec.parallel is not None:
+        lines.append(
+            f"one rank (rank 0) of {spec.parallel.describe()}: traced in torch's fake process "
+            "group with the real wrappers (memcalc.distributed), batch per GPU; every "
+            "collective finishes at once (a buffer a slow link keeps in flight longer is not "
+            "counted); NCCL's own buffers are outside the caching allocator and not counted")
     if spec.spatial_parts > 1:
         lines.append(
             f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "
