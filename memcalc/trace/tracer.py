@@ -11,7 +11,6 @@ their first size; tensors a model creates outside ATen ops (e.g. from numpy) are
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -25,18 +24,15 @@ from memcalc.trace._torch_internals import (
     RealAllocationError,
     StorageWatcher,
     fake_cpu_mode,
-    fake_mode_paused,
-    fake_process_group,
-    is_fake,
     local_tensor,
     materialize_fake,
     quiet_fake_tensor_logger,
 )
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
-from memcalc.trace.checkpointing import apply_checkpointing, repeated_blocks
-from memcalc.distributed.parallelize import (job_mesh, job_optimizer, local_optimizer,
-                                              parallelize)
+from memcalc.trace.checkpointing import apply_checkpointing
+from memcalc.trace.rank import rank_of, wrapped
+from memcalc.distributed.parallelize import job_optimizer, local_optimizer
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
@@ -181,7 +177,7 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
 def _traced(setup: StepSetup, replay: bool) -> TraceResult:
     meta_model = setup.build_meta_model()
     try:
-        with quiet_fake_tensor_logger(), _rank_of(setup.parallel) as mesh, fake_cpu_mode():
+        with quiet_fake_tensor_logger(), rank_of(setup.parallel) as mesh, fake_cpu_mode():
             return _trace(setup, meta_model, replay, mesh)
     except (MemcalcError, ReplayMismatch):
         raise
@@ -199,42 +195,6 @@ def _traced(setup: StepSetup, replay: bool) -> TraceResult:
     except SystemExit as error:  # a forward that exits must not end memcalc with its code
         raise TraceError(f"the model called sys.exit({error.code!r}) in the traced step"
                          f"{at_user_frame(error)}") from error
-
-
-@contextlib.contextmanager
-def _rank_of(parallel: ParallelSpec | None):
-    """Rank 0 of the job's fake process group around the trace, and its device mesh (made
-    outside the fake mode, which would fake the mesh's rank table); None without a layout."""
-    if parallel is None:
-        yield None
-        return
-    try:
-        group = fake_process_group(parallel.world_size)
-        group.__enter__()
-    except RuntimeError as error:
-        raise TraceError(f"cannot trace a {parallel.world_size}-rank job here: {error} "
-                         "(call memcalc before init_process_group, or with isolate=True)"
-                         ) from None
-    try:
-        with warnings.catch_warnings():   # FSDP2's advice on views of the output is for users
-            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed")
-            yield job_mesh(parallel)
-    finally:
-        group.__exit__(None, None, None)
-
-
-def _wrap(setup: StepSetup, model: nn.Module, sharding: bool, mesh) -> nn.Module:
-    """The model as the job wraps it: tensor parallel and FSDP2 before the states are
-    counted (``sharding``), DDP after (its buckets are allocated at construction)."""
-    if setup.parallel is None:
-        return model
-    if not sharding:
-        return parallelize(model, setup.parallel, mesh, repeated_blocks(model), sharding)
-    with fake_mode_paused():   # the wrappers compute with the mesh's (real) rank table
-        model = parallelize(model, setup.parallel, mesh, repeated_blocks(model), sharding)
-    if not all(is_fake(tensor) for tensor in (*model.parameters(), *model.buffers())):
-        raise TraceError("the distributed wrappers made real parameters (not traceable)")
-    return model
 
 
 def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> TraceResult:
@@ -258,7 +218,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> Trace
                   if setup.cudnn is not None else None)
     watcher = StorageWatcher(on_new, ledger.free, workspaces)
     halo = ZeroHalos()
-    model = _wrap(setup, step_model(setup, halo, meta_model), True, mesh)
+    model = wrapped(setup.parallel, step_model(setup, halo, meta_model), True, mesh)
     _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     _label(watcher, model.buffers(), MemoryCategory.BUFFER)
     batch = make_call(model, setup.inputs, setup.batch_shape[0])
@@ -270,7 +230,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> Trace
     bounded = BoundedOps()     # below the watcher, which then records what its rules make
     try:
         with bounded, watcher, legacy, kernels or contextlib.nullcontext():
-            job_model = _wrap(setup, model, False, mesh)
+            job_model = wrapped(setup.parallel, model, False, mesh)
             optimizer = job_optimizer(setup.parallel, mesh,
                                       lambda params: setup.optimizer.build(params, setup.foreach),
                                       list(model.parameters()))
