@@ -25,7 +25,7 @@ from memcalc.cli.leftovers import (
     end_new_descendants,
     leftovers_warning,
 )
-from memcalc.cli.output import contained_stdout
+from memcalc.cli.output import PIPE_CLOSED_EXIT_CODE, OutputClosed, contained_stdout
 from memcalc.cli.signal_raise import raise_where_safe
 from memcalc.cli.traps import (
     HardExit,
@@ -64,6 +64,8 @@ def run_guarded(ctx: click.Context, work) -> None:
     except BaseException as error:   # SystemExit from sys.exit(code) of a command passes
         if isinstance(error, SystemExit) or (debug and not isinstance(error, Terminated)):
             raise
+        if isinstance(error, OutputClosed):   # the reader has the answer it wanted
+            sys.exit(PIPE_CLOSED_EXIT_CODE)
         _fail(*_failure(error))
     finally:
         end_forked_copy()
