@@ -54,7 +54,8 @@ def main(ctx: click.Context, debug: bool) -> None:
 
     \b
     Exit codes: 0 done/fits, 1 does not fit, 2 bad input, 3 fit unknown (static estimate),
-    4 your code (builder, Dataset) failed, 70 memcalc failed, 130 interrupted, 143 terminated.
+    4 your code (builder, Dataset) failed, 70 memcalc failed, 130 interrupted, 141 pipe closed,
+    143 terminated.
     """
     ctx.obj = {"debug": debug}
     if ctx.invoked_subcommand is None:

@@ -3,7 +3,8 @@
 Exit codes: 0 done (fits); 1 does not fit (or a measurement failed); 2 bad input; 3 fit
 unknown (``check`` on a step that could not be traced); 4 the user's code failed (a builder
 or Dataset raised or exited: its exception and file:line are named); 70 memcalc itself failed;
-130 interrupted (SIGINT); 143 terminated (SIGTERM). A command past its ``--timeout`` is the
+130 interrupted (SIGINT); 141 the reader closed the pipe (``output.OutputClosed``); 143
+terminated (SIGTERM). A command past its ``--timeout`` is the
 user's code not finishing (4). Processes the user's code started and left running are ended
 with the command (``leftovers``).
 """
