@@ -224,6 +224,20 @@ def test_the_slurm_script_keeps_the_allocations_cpus_and_memory_per_cpu():
     assert 1 <= int(lines["--cpus-per-task"]) <= 4                   # within --cpus
 
 
+def test_the_slurm_script_never_asks_more_cpus_than_the_node_has():
+    """Eight GPU processes need at least a CPU each: on a node of 4 the script asks for the
+    4 there are and says that it does not fit (it asked for 32 and spoke of 8 CPUs)."""
+    result = memcalc("plan", "--model", "tests.fixtures.hostile:tiny", *SPEC, "--gpu",
+                     "A100-80GB", "--cpus", "4", "--mem-per-cpu", "1GB", "--gpus", "8",
+                     "--emit", "slurm")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = dict(line.removeprefix("#SBATCH ").split("=", 1) for line in result.stdout.splitlines()
+                 if line.startswith("#SBATCH --") and "=" in line)
+    assert int(lines["--cpus-per-task"]) <= 4
+    assert "sharing its 4 CPUs" in result.stdout
+    assert "# DOES NOT FIT: 8 processes need" in result.stdout
+
+
 def test_plan_emit_says_why_when_nothing_fits():
     result = memcalc("plan", "--model", "resnet3d", "--shape", "834,224,834,3", "--gpu", "T4",
                      "--max-gpus", "1", "--emit", "slurm")

@@ -52,11 +52,17 @@ def slurm_header(candidate: Candidate, cluster: ClusterSpec, host: HostReport | 
         share = per_process_host(host, per_node)
         cpus_per_process = int(share.sbatch[0].split("=", 1)[1])
         mem_per_cpu = share.sbatch[1].split("=", 1)[1]
-        lines += [f"#SBATCH --cpus-per-task={per_node * cpus_per_process}",
+        node_cpus = host.spec.machine.cpus
+        wanted = per_node * cpus_per_process
+        lines += [f"#SBATCH --cpus-per-task={min(wanted, node_cpus)}",
                   f"#SBATCH --mem-per-cpu={mem_per_cpu}",
                   f"# {counted(share.recommended_num_workers, 'DataLoader worker')} per GPU "
                   f"process, {counted(per_node, 'process', 'processes')} per node sharing its "
-                  f"{share.spec.machine.cpus * per_node} CPUs and RAM (host plan)"]
+                  f"{node_cpus} CPUs and RAM (host plan)"]
+        if wanted > node_cpus:
+            lines.append(f"# DOES NOT FIT: {counted(per_node, 'process', 'processes')} need "
+                         f"{wanted} CPUs ({cpus_per_process} each, for their workers and for "
+                         f"memory at {mem_per_cpu} per CPU); the node has {node_cpus}")
     lines += ["export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
               "srun " + torchrun_command(candidate, cluster, script)]
     return lines
