@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from torch import nn
 
+from memcalc.process_defaults import default_start_method_kept
 from memcalc.api_errors import argument_error
 from memcalc.errors import InputError, MemoryBudgetError, UntracedEstimateError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
@@ -82,7 +83,7 @@ def plan_spec(spec: TrainingSpec, cluster: ClusterSpec,
     ``workers``: processes making independent variants at once (None: one per core that
     nothing else keeps busy, ``memcalc.report_pool.workers_for``; 0: this process only),
     none for user code (``serial_reason``). The plan is the same either way."""
-    with ReportPool(workers_for(spec, workers)) as pool:
+    with default_start_method_kept(), ReportPool(workers_for(spec, workers)) as pool:
         pool.start()    # the workers start up while this process traces the job as given
         return plan_strategies(spec, cluster, pipeline_estimator(on_variant, pool))
 

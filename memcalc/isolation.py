@@ -22,6 +22,7 @@ import time
 
 import psutil
 
+from memcalc.process_defaults import default_start_method_kept
 from memcalc.errors import InputError, TraceError, UserCodeError
 from memcalc.host.procmem import tree_pids
 from memcalc.model.source import OBJECT_PREFIX
@@ -60,7 +61,8 @@ def estimate_isolated(spec: TrainingSpec, timeout_s: float = DEFAULT_TIMEOUT_S) 
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(spec, sender), daemon=True)
-    process.start()
+    with default_start_method_kept():
+        process.start()
     sender.close()
     try:
         _wait_within_limits(receiver, process.pid, timeout_s, real_memory_cap_bytes())

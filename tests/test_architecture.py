@@ -24,7 +24,7 @@ LAYERS = [
     ("memcalc.report",),
     ("memcalc.strategies",),
     ("memcalc.render",),
-    ("memcalc.pipeline", "memcalc.prepared_step", "memcalc.isolation", "memcalc.report_pool", "memcalc.early_workers", "memcalc.api",
+    ("memcalc.pipeline", "memcalc.prepared_step", "memcalc.isolation", "memcalc.process_defaults", "memcalc.report_pool", "memcalc.early_workers", "memcalc.api",
      "memcalc.api_errors", "memcalc.notebook",
      "memcalc.calibration", "memcalc.cli", "memcalc.__init__", "memcalc.__main__"),
 ]
