@@ -47,3 +47,21 @@ def test_a_model_object_is_not_kept_alive_after_the_call():
     # the report's spec names the object, which is gone: a clear error, not another model
     with pytest.raises(ModelSourceError, match="passed to an earlier call"):
         estimate(report.spec)
+
+
+def test_a_factory_returning_the_callers_model_leaves_its_weights_where_they_are():
+    """``memcalc.estimate(lambda: model)``: the model the caller built is copied to meta for
+    the trace, never moved (its weights were on meta after the call)."""
+    import torch
+    from torch import nn
+
+    import memcalc
+
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    model.register_buffer("scale", torch.full((4,), 2.0))
+    before = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+    report = memcalc.estimate(lambda: model, (16,), device="cpu")
+    assert report.device.method == "traced"
+    assert report.model.parameter_count == sum(p.numel() for p in model.parameters())
+    for name, tensor in model.state_dict().items():
+        assert tensor.device.type == "cpu" and torch.equal(tensor, before[name]), name

@@ -128,20 +128,3 @@ def build_with_meta_states(factory: Callable[..., Any], kwargs: dict[str, Any]) 
     """``factory(**kwargs)`` run on the CPU with every parameter and buffer on ``meta``."""
     with _registrations_on_meta(), _CpuConstruction():
         return factory(**kwargs)
-
-
-def states_to_meta(model: nn.Module) -> nn.Module:
-    """Move any parameter or buffer still off ``meta`` (assigned to ``_parameters`` directly,
-    or made before the build began) to ``meta``, in place, keeping shared ones shared."""
-    moved: dict[int, torch.Tensor] = {}
-    for module in model.modules():
-        for table, as_parameter in ((module._parameters, True), (module._buffers, False)):
-            for name, tensor in table.items():
-                if tensor is None or tensor.device.type == "meta":
-                    continue
-                if id(tensor) not in moved:
-                    twin = tensor.to("meta")
-                    moved[id(tensor)] = (nn.Parameter(twin, requires_grad=tensor.requires_grad)
-                                         if as_parameter else twin)
-                table[name] = moved[id(tensor)]
-    return model

@@ -20,7 +20,7 @@ from memcalc.errors import (
     first_line,
     user_frame,
 )
-from memcalc.model.build import build_with_meta_states, states_to_meta
+from memcalc.model.build import build_with_meta_states
 from memcalc.model.user_code import import_callable
 from models_zoo import ZOO
 
@@ -58,7 +58,17 @@ class ModelSource:
                 f"{self.name!r} returned {type(model).__name__}, not a torch.nn.Module; "
                 "the callable must build and return the model"
             )
-        return states_to_meta(model)
+        if not _holds_real_states(model):
+            return model
+        # states made before the call (the factory returned a model the caller holds) or
+        # assigned around the hooks: copied to meta, the caller's model left as it is
+        try:
+            return meta_twin(model)
+        except Exception as error:  # deepcopy of user objects (locks, generators) may fail
+            raise ModelSourceError(
+                f"{self.name!r} returned a model with real weights that cannot be copied "
+                f"({type(error).__name__}: {first_line(error)}); memcalc never moves the "
+                "caller's weights: let the callable build a new model") from error
 
     def copier(self, model: nn.Module) -> Callable[[], nn.Module]:
         """Fresh meta copies of ``model`` (this source's one build), one per trace; a model
@@ -69,6 +79,12 @@ class ModelSource:
             except Exception:  # deepcopy of user objects (locks, generators) may fail
                 return self.build_meta()
         return copy_of_model
+
+
+def _holds_real_states(model: nn.Module) -> bool:
+    """Some parameter or buffer is off ``meta`` (made before or around the build's hooks)."""
+    return any(tensor.device.type != "meta"
+               for tensor in (*model.parameters(), *model.buffers()))
 
 
 def _refused_arguments(error: Exception) -> bool:
