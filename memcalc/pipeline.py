@@ -40,6 +40,7 @@ from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.trace.optimizers import OptimizerRule, configured_rule
 from memcalc.trace.precision import precision_policy
+from memcalc.trace._torch_internals import callers_torch_modes_set_aside
 from memcalc.trace.tracer import StepSetup
 
 
@@ -53,6 +54,12 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
     largest batch on the common cards (``memcalc.device.card_fit``: a second trace for the
     line, and up to ``CONFIRM_TRACES`` more to confirm); False leaves ``device.card_fits``
     empty."""
+    with callers_torch_modes_set_aside():
+        return _estimate(spec, progress, layer_tables, card_fits)
+
+
+def _estimate(spec: TrainingSpec, progress: Progress | None,
+              layer_tables: dict[str, tuple] | None, card_fits: bool) -> Report:
     if spec.machine is None:      # checked now, not after the trace, on the detected machine
         _workers_within_cpus(spec.loader, detect_machine())
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)

@@ -545,3 +545,47 @@ def fake_mode_paused() -> Iterator[None]:
 
 def is_fake(tensor: torch.Tensor) -> bool:
     return isinstance(local_tensor(tensor), FakeTensor)
+
+
+@contextlib.contextmanager
+def callers_torch_modes_set_aside() -> Iterator[None]:
+    """The estimate as a function of its spec alone: grad mode on, inference mode off,
+    autocast off, float32 as the default dtype, and the caller's torch-function modes (``with
+    torch.device(...)``, ``torch.set_default_device``) off this thread's stack; every one of
+    them restored as it was on the way out. (``torch._C._pop_torch_function_stack`` and
+    ``_push_on_torch_function_stack``, torch ≥ 2.1.)"""
+    modes = []
+    while torch._C._len_torch_function_stack() > 0:
+        modes.append(torch._C._pop_torch_function_stack())
+    autocast = {device: _autocast_enabled(device) for device in ("cpu", "cuda")}
+    dtype = torch.get_default_dtype()
+    try:
+        if dtype is not torch.float32:      # process-wide: touched only when it differs
+            torch.set_default_dtype(torch.float32)
+        for device in autocast:
+            _set_autocast(device, False)
+        with torch.enable_grad(), torch.inference_mode(False):
+            yield
+    finally:
+        for device, enabled in autocast.items():
+            _set_autocast(device, enabled)
+        if torch.get_default_dtype() is not dtype:
+            torch.set_default_dtype(dtype)
+        for mode in reversed(modes):
+            torch._C._push_on_torch_function_stack(mode)
+
+
+def _autocast_enabled(device: str) -> bool:
+    try:
+        return torch.is_autocast_enabled(device)
+    except TypeError:                         # torch < 2.4: one function per device
+        return (torch.is_autocast_cpu_enabled() if device == "cpu"
+                else torch.is_autocast_enabled())
+
+
+def _set_autocast(device: str, enabled: bool) -> None:
+    try:
+        torch.set_autocast_enabled(device, enabled)
+    except TypeError:                         # torch < 2.4
+        (torch.set_autocast_cpu_enabled if device == "cpu" else torch.set_autocast_enabled)(
+            enabled)
