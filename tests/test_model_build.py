@@ -69,3 +69,39 @@ def test_a_forward_that_calls_sys_exit_is_a_static_estimate_with_the_reason():
     report = memcalc.estimate(f"{BUILDERS}:exits_in_forward", (8,), batch_size=2, device="cpu")
     assert report.device.method == "static"
     assert any("sys.exit(0)" in line for line in report.unsupported)
+
+
+def test_overlapping_builds_leave_nn_module_as_it_was_and_other_threads_alone():
+    """Two threads building through memcalc at once, and the main thread building its own
+    model meanwhile: its weights are real, and nn.Module's methods are torch's afterwards
+    (overlapping builds restored each other's hooks and left them installed)."""
+    import threading
+
+    from torch import nn
+
+    from memcalc.model.build import build_with_meta_states
+
+    originals = (nn.Module.register_parameter, nn.Module.register_buffer, nn.Module.to,
+                 nn.Module.cuda)
+    inside, release = threading.Barrier(3), threading.Event()
+    built = []
+
+    def slow_factory():
+        layer = nn.Linear(8, 8)
+        inside.wait(timeout=30)
+        release.wait(timeout=30)
+        return layer
+
+    threads = [threading.Thread(target=lambda: built.append(build_with_meta_states(
+        slow_factory, {}))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    inside.wait(timeout=30)                  # both builds are inside the hooks now
+    mine = nn.Linear(8, 8)
+    release.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert mine.weight.device.type == "cpu"
+    assert [layer.weight.device.type for layer in built] == ["meta", "meta"]
+    assert (nn.Module.register_parameter, nn.Module.register_buffer, nn.Module.to,
+            nn.Module.cuda) == originals

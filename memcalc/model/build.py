@@ -21,6 +21,7 @@ reads a meta tensor and fails; the error names it.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -88,25 +89,47 @@ def _meta_parameter(param: nn.Parameter) -> nn.Parameter:
     return twin
 
 
-@contextmanager
-def _registrations_on_meta() -> Iterator[None]:
+class _Building(threading.local):
+    """How many builds this thread is inside: the hooks act for these threads only."""
+
+    depth = 0
+
+
+_BUILDING = _Building()
+_HOOKS_LOCK = threading.Lock()
+_HOOKS: dict[str, Any] = {"users": 0, "originals": None}
+"""The hooks are installed on ``nn.Module`` once for all threads building at once, and the
+originals put back when the last one ends (threads that overlap used to restore each other's
+hooks and leave them in place)."""
+
+
+def _building() -> bool:
+    return _BUILDING.depth > 0
+
+
+def _install_hooks() -> tuple:
     register_parameter = nn.Module.register_parameter
     register_buffer = nn.Module.register_buffer
     module_cuda, module_to = nn.Module.cuda, nn.Module.to
 
     def parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         register_parameter(module, name, param)
-        if param is not None and param.device.type != "meta":
+        if _building() and param is not None and param.device.type != "meta":
             module._parameters[name] = _meta_parameter(param)
 
     def buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None,
                        persistent: bool = True) -> None:
         register_buffer(module, name, tensor, persistent)
-        if tensor is not None and tensor.device.type != "meta":
+        if _building() and tensor is not None and tensor.device.type != "meta":
             module._buffers[name] = tensor.to("meta")
+
+    def cuda_kept(module: nn.Module, device: Any = None) -> nn.Module:
+        return module if _building() else module_cuda(module, device)
 
     def to_without_device(module: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
         """``Module.to``: states stay on meta, so only a dtype is applied."""
+        if not _building():
+            return module_to(module, *args, **kwargs)
         dtypes = [arg for arg in args if isinstance(arg, torch.dtype)]
         dtypes += [arg.dtype for arg in args if isinstance(arg, torch.Tensor)]
         dtype = kwargs.get("dtype") or (dtypes[0] if dtypes else None)
@@ -114,14 +137,30 @@ def _registrations_on_meta() -> Iterator[None]:
 
     nn.Module.register_parameter = parameter_on_meta
     nn.Module.register_buffer = buffer_on_meta
-    nn.Module.cuda = lambda module, device=None: module
+    nn.Module.cuda = cuda_kept
     nn.Module.to = to_without_device
+    return register_parameter, register_buffer, module_cuda, module_to
+
+
+@contextmanager
+def _registrations_on_meta() -> Iterator[None]:
+    """Parameters and buffers registered by this thread go to ``meta``; other threads'
+    modules are built as usual meanwhile; ``nn.Module`` is as it was once no thread builds."""
+    with _HOOKS_LOCK:
+        if _HOOKS["users"] == 0:
+            _HOOKS["originals"] = _install_hooks()
+        _HOOKS["users"] += 1
+    _BUILDING.depth += 1
     try:
         yield
     finally:
-        nn.Module.register_parameter = register_parameter
-        nn.Module.register_buffer = register_buffer
-        nn.Module.cuda, nn.Module.to = module_cuda, module_to
+        _BUILDING.depth -= 1
+        with _HOOKS_LOCK:
+            _HOOKS["users"] -= 1
+            if _HOOKS["users"] == 0:
+                (nn.Module.register_parameter, nn.Module.register_buffer, nn.Module.cuda,
+                 nn.Module.to) = _HOOKS["originals"]
+                _HOOKS["originals"] = None
 
 
 def build_with_meta_states(factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
