@@ -65,3 +65,27 @@ def test_timeline_peak_equals_the_traced_peak():
     assert max(p.live_bytes for p in report.device.timeline) == report.device.peak_bytes
     phases = {p.phase for p in report.device.timeline}
     assert {"forward", "backward", "optimizer"} <= phases
+
+
+def test_writing_a_plot_leaves_the_callers_matplotlib_backend(tmp_path):
+    """A notebook's inline backend stays: the written figure has its own canvas (it switched
+    the process to Agg)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import matplotlib
+        matplotlib.use("svg")
+        import memcalc
+        from memcalc.render.plot import plot_report
+        report = memcalc.estimate("mlp", (64,), device="cpu",
+                                  model_args=dict(in_features=64, hidden=64, depth=1))
+        plot_report(report, {str(tmp_path / "plot.png")!r})
+        print(matplotlib.get_backend())
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "svg"
+    assert (tmp_path / "plot.png").stat().st_size > 10_000

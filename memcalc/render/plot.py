@@ -46,18 +46,18 @@ def unit_for(largest_bytes: float) -> tuple[str, int]:
 def plot_report(report: Report, path: str | Path | None = None):
     """The pictures side by side (2×2 with a capacity, else three in a row); written to
     ``path`` when given (``memcalc.plot``, ``memcalc estimate --plot``)."""
-    import matplotlib
-
-    if path is not None:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     panels = [plot_breakdown, plot_batch, plot_timeline, plot_top_modules]
     if report.device.plan is None:
         panels.remove(plot_batch)
     rows, columns = (2, 2) if len(panels) == 4 else (1, 3)
-    figure, axes = plt.subplots(rows, columns, figsize=(12, 8) if rows == 2 else (16, 5),
-                                dpi=110, squeeze=False)
+    size = (12, 8) if rows == 2 else (16, 5)
+    if path is None:                 # shown where the caller works (a notebook's backend)
+        import matplotlib.pyplot as plt
+        figure, axes = plt.subplots(rows, columns, figsize=size, dpi=110, squeeze=False)
+    else:                            # written: a figure of its own, the backend untouched
+        from matplotlib.figure import Figure
+        figure = Figure(figsize=size, dpi=110)
+        axes = figure.subplots(rows, columns, squeeze=False)
     for draw, panel in zip(panels, axes.flat):
         draw(panel, report)
     figure.suptitle(f"{report.model.name}, batch {report.device.batch_size}, "
@@ -70,8 +70,6 @@ def plot_report(report: Report, path: str | Path | None = None):
         except OSError as error:   # a disk that filled up, a folder removed meanwhile
             raise InputError(f"--plot {str(path)!r} could not be written: {error.strerror or error}"
                              ) from error
-        finally:
-            plt.close(figure)
     return figure
 
 
