@@ -65,3 +65,36 @@ def test_a_factory_returning_the_callers_model_leaves_its_weights_where_they_are
     assert report.model.parameter_count == sum(p.numel() for p in model.parameters())
     for name, tensor in model.state_dict().items():
         assert tensor.device.type == "cpu" and torch.equal(tensor, before[name]), name
+
+
+def test_the_meta_twin_shares_the_users_plain_attributes():
+    """A numpy table, a logging handler and a lock are shared with the twin: never copied for
+    a trace (a 32 MiB array was copied for each) nor pickled (a lock refused the estimate)."""
+    import logging
+    import threading
+
+    import numpy as np
+    from torch import nn
+
+    import memcalc
+    from memcalc.model.source import meta_twin
+
+    class WithExtras(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(16, 4)
+            self.table = np.zeros(1 << 20, dtype=np.float32)
+            self.log = logging.StreamHandler()
+            self.lock = threading.Lock()
+            self.sizes = [1, 2]
+
+        def forward(self, x):
+            return self.layer(x)
+
+    model = WithExtras()
+    twin = meta_twin(model)
+    assert twin.table is model.table and twin.log is model.log and twin.lock is model.lock
+    assert twin.sizes == model.sizes and twin.sizes is not model.sizes
+    assert twin.layer.weight.device.type == "meta" and model.layer.weight.device.type == "cpu"
+    assert twin._forward_hooks is not model._forward_hooks
+    assert memcalc.estimate(model, (16,), device="cpu").device.method == "traced"

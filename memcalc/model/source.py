@@ -136,7 +136,25 @@ def meta_twin(model: nn.Module) -> nn.Module:
                                            requires_grad=parameter.requires_grad)
     for buffer in model.buffers():
         memo[id(buffer)] = torch.empty_like(buffer, device="meta")
+    for value in _shared_attributes(model):
+        memo[id(value)] = value
     return copy.deepcopy(model, memo)
+
+
+_COPIED = (torch.Tensor, nn.Module, list, tuple, dict, set)
+"""Attribute values a twin gets its own copy of: what the trace may change or run."""
+
+
+def _shared_attributes(model: nn.Module) -> Iterator[Any]:
+    """The user's own attributes that are neither tensors, modules nor containers (a numpy
+    array, a logging handler, a lock): the twin shares them, so they are never copied (a
+    large array was copied for every trace) nor pickled (a lock cannot be). Torch's own
+    bookkeeping (names from ``_``) is copied, so hooks the trace adds stay on the twin."""
+    for module in model.modules():
+        for name, value in vars(module).items():
+            if not name.startswith("_") and not isinstance(value, _COPIED) and \
+                    not isinstance(value, (bool, int, float, str, bytes, type(None))):
+                yield value
 
 
 def resolve_model(name: str, kwargs: dict[str, Any] | None = None) -> ModelSource:
