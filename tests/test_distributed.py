@@ -118,3 +118,22 @@ def test_a_plain_tensor_subclass_is_watched_like_a_tensor():
         marked = torch.ones(256).as_subclass(Marked)
         (marked * 2).sum()
     assert 1024 in made
+
+
+def test_a_process_that_has_a_process_group_keeps_it():
+    """Inside a running job (its group initialised), a distributed trace is refused with the
+    reason and the job's group is left as it was."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=3)
+    try:
+        group = dist.group.WORLD
+        report = _rank_report("gpt2", "fsdp", 1, None, False, False)
+        assert report.device.method != "traced"
+        assert any("already has a default process group" in line
+                   for line in report.unsupported)
+        assert dist.is_initialized() and dist.group.WORLD is group
+        assert dist.get_world_size() == 3
+    finally:
+        dist.destroy_process_group()
