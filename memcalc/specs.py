@@ -153,8 +153,9 @@ class TrainingSpec(BaseModel):
     offload_activations: bool = False
     """Saved activations kept in host memory (``torch.autograd.graph.save_on_cpu``)."""
     parallel: ParallelSpec | None = None
-    """One rank of a distributed job (DDP, ZeRO-2, FSDP2 over N GPUs), traced in a fake
-    process group with the real wrappers (``memcalc.distributed``); None: one GPU."""
+    """One rank of a distributed job (DDP, ZeRO-1/2, FSDP2, tensor parallel over N GPUs),
+    traced in a fake process group with the real wrappers (``memcalc.distributed``); None:
+    one GPU."""
     spatial_parts: int = Field(default=1, ge=1)
     """Spatial parallelism: every sample split along its longest spatial axis over this many
     GPUs (``memcalc.trace.halos``); the estimate is one GPU's, running its slab."""

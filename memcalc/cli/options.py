@@ -144,7 +144,9 @@ def variant_progress():
 def variant_label(spec: TrainingSpec) -> str:
     """What a variant changes, in a few words."""
     parts = [spec.precision.value]
-    parts += [name for name, on in (("checkpointing", spec.activation_checkpointing),
+    checkpointing = spec.activation_checkpointing
+    named = "checkpointing" if checkpointing in (None, "full") else f"checkpointing {checkpointing}"
+    parts += [name for name, on in ((named, checkpointing),
                                     ("offloading", spec.offload_activations),
                                     ("gradients kept", not spec.zero_grad_to_none)) if on]
     if spec.spatial_parts > 1:
