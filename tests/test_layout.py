@@ -89,3 +89,17 @@ def test_linear_first_layer_checks_in_features():
     assert resolve_layout(model, (1024,), Layout.AUTO).layout == "features-last"
     with pytest.raises(LayoutError, match=r"in_features=1024"):
         resolve_layout(model, (1000,), Layout.AUTO)
+
+
+def test_a_model_that_folds_frames_and_needs_a_named_input_is_accepted():
+    """The first registered layer (a Linear on the conditioning) is not the first to run, and
+    the 2D stem takes frames: the probe runs the model on meta with its named input and
+    accepts what the model accepts (it refused: the probe called it without the input)."""
+    from memcalc.pipeline import estimate
+    from memcalc.specs import TrainingSpec
+
+    report = estimate(TrainingSpec(model="tests.fixtures.user_builders:frame_net",
+                                   sample_shape=(4, 8, 32, 32), inputs={"context": ((16,), "float32")},
+                                   loss="mse", device="cpu", batch_size=2))
+    assert report.device.method == "traced"
+    assert report.input.layout == "as given"

@@ -35,11 +35,14 @@ NAMED_INPUTS = LayoutDecision("named inputs", (), "no positional sample: every i
 
 
 def resolve_layout(model: nn.Module, shape: tuple[int, ...], requested: Layout,
-                   input_dtype: torch.dtype = torch.float32) -> LayoutDecision:
+                   input_dtype: torch.dtype = torch.float32,
+                   other_inputs: dict[str, object] | None = None) -> LayoutDecision:
     """The traced sample shape. An explicit layout is obeyed as given; ``auto`` checks the
     shape against the first layer's in_channels/in_features and, where that check fails,
     against what the first layer really receives when the model runs (stems that reshape
-    their input: raw audio ``x[:, None]``, space-to-depth)."""
+    their input: raw audio ``x[:, None]``, space-to-depth, a video's frames folded into the
+    batch; a first registered layer that runs later), called with ``other_inputs`` too (the
+    named inputs as meta tensors of batch one, and plain keyword arguments)."""
     requested = Layout(requested)
     if requested is Layout.CHANNELS_LAST:
         traced = (shape[-1], *shape[:-1])
@@ -62,7 +65,7 @@ def resolve_layout(model: nn.Module, shape: tuple[int, ...], requested: Layout,
                     f"{layer.in_features}")
             return LayoutDecision("features-last", shape, f"last dim matches {name!r} in_features")
     except LayoutError:
-        reached = first_layer_input(model, shape, input_dtype)
+        reached = first_layer_input(model, shape, input_dtype, other_inputs)
         if reached is None:
             raise
         return LayoutDecision("as given", shape, f"the model turns {_fmt(shape)} into "
@@ -74,8 +77,8 @@ class _Reached(Exception):
     """Stops the probe forward at the first layer it reaches."""
 
 
-def first_layer_input(model: nn.Module, shape: tuple[int, ...],
-                      dtype: torch.dtype) -> tuple[int, ...] | None:
+def first_layer_input(model: nn.Module, shape: tuple[int, ...], dtype: torch.dtype,
+                      other_inputs: dict[str, object] | None = None) -> tuple[int, ...] | None:
     """The per-sample shape of what the first conv/linear/embedding layer to run receives and
     accepts when ``model`` runs a batch of one on ``meta``; None when the model fails first."""
     def reached(_module, args, _output):
@@ -85,7 +88,7 @@ def first_layer_input(model: nn.Module, shape: tuple[int, ...],
                if isinstance(module, (*CONV_TYPES, nn.Linear, nn.Embedding))]
     try:
         with torch.no_grad():
-            model(torch.empty((1, *shape), dtype=dtype, device="meta"))
+            model(torch.empty((1, *shape), dtype=dtype, device="meta"), **(other_inputs or {}))
     except _Reached as stop:
         return stop.args[0]
     except (Exception, SystemExit):  # the model's own code failed on this input

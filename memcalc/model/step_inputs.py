@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from memcalc.dtypes import INPUT_DTYPES
@@ -53,7 +54,9 @@ def resolve_step_inputs(spec: TrainingSpec, model: nn.Module, *,
                           str(largest.dtype).removeprefix("torch."), False, named, kwargs)
     dtype_name = spec.input_dtype or default_dtype or "float32"
     input_dtype = INPUT_DTYPES[dtype_name]
-    layout = resolve_layout(model, sample_shape, spec.layout, input_dtype)
+    others = {**{tensor.name: torch.empty((1, *tensor.sample_shape), dtype=tensor.dtype,
+                                          device="meta") for tensor in named}, **dict(kwargs)}
+    layout = resolve_layout(model, sample_shape, spec.layout, input_dtype, others)
     if layout.layout == "token-ids" and input_dtype.is_floating_point:
         raise InputError(f"the first layer of {spec.model!r} is an embedding: token ids need "
                          f"an integer dtype, got --input-dtype {dtype_name}; use int64")
