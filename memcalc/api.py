@@ -178,8 +178,7 @@ def _problems(report: Report) -> list[str]:
     if device.fits is False:
         largest = device.max_batch_size
         parallel = report.spec.parallel
-        rank = (f" per GPU ({parallel.strategy.value} on {parallel.world_size} GPUs, one rank)"
-                if parallel else "")
+        rank = parallel.per_gpu() if parallel else ""
         problems.append(
             f"batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} on the GPU, "
             f"{format_bytes(device.plan.usable_bytes)} usable"

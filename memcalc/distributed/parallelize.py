@@ -158,11 +158,6 @@ def parallelize(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str],
     return model
 
 
-def compute_dtype(spec: ParallelSpec | None) -> torch.dtype | None:
-    """The dtype the forward computes in under FSDP2's policy (None: the parameters')."""
-    return _dtype(spec.param_dtype) if spec is not None else None
-
-
 def _dtype(name: str | None) -> torch.dtype | None:
     return DTYPES[name] if name else None
 

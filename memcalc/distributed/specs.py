@@ -25,6 +25,10 @@ class DataParallel(str, Enum):
     """FSDP2 ``fully_shard``: parameters, gradients and optimizer state sharded (ZeRO-3)."""
 
 
+REPLICATED = frozenset({DataParallel.DDP, DataParallel.ZERO1})
+"""Strategies whose ranks each hold all the parameters (DDP's wrapper)."""
+
+
 class Reshard(str, Enum):
     """FSDP2's ``reshard_after_forward`` over the blocks (torchtitan's policy names)."""
 
@@ -75,8 +79,7 @@ class ParallelSpec(BaseModel):
         nodes = f" ({self.nodes} nodes × {self.gpus_per_node})" if self.nodes > 1 else ""
         extras = [f"{name} {value}" for name, value in (("param", self.param_dtype),
                                                         ("reduce", self.reduce_dtype)) if value]
-        if self.strategy is not DataParallel.FSDP and self.strategy is not DataParallel.ZERO2 \
-                and self.gradient_as_bucket_view:
+        if self.strategy in REPLICATED and self.gradient_as_bucket_view:
             extras.append("gradient_as_bucket_view")
         if self.strategy is DataParallel.FSDP and self.reshard_after_forward is not Reshard.DEFAULT:
             extras.append(f"reshard after forward: {self.reshard_after_forward.value}")
@@ -84,6 +87,10 @@ class ParallelSpec(BaseModel):
             extras.insert(0, f"tensor parallel {self.tp}")
         return (f"{self.strategy.value} on {self.world_size} GPUs{nodes}"
                 + "".join(f", {extra}" for extra in extras))
+
+    def per_gpu(self) -> str:
+        """What a batch and its bytes are, next to them: `` per GPU (fsdp on 8 GPUs, one rank)``."""
+        return f" per GPU ({self.strategy.value} on {self.world_size} GPUs, one rank)"
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelSpec:
@@ -96,11 +103,11 @@ class ParallelSpec(BaseModel):
             value = getattr(self, name)
             if value is not None and value not in PARAM_DTYPES:
                 raise ValueError(f"{name} {value!r} is not one of {', '.join(PARAM_DTYPES)}")
-        if self.tp > 1 and self.strategy in (DataParallel.DDP, DataParallel.ZERO1) and self.dp > 1:
+        if self.tp > 1 and self.strategy in REPLICATED and self.dp > 1:
             raise ValueError("DDP with tensor parallelism is not traced; use --strategy fsdp "
                              "(FSDP2 over the data-parallel ranks, as torchtitan does)")
         mixed = self.param_dtype is not None or self.reduce_dtype is not None
-        if mixed and self.strategy in (DataParallel.DDP, DataParallel.ZERO1):
+        if mixed and self.strategy in REPLICATED:
             raise ValueError("--param-dtype/--reduce-dtype are FSDP2's mixed-precision policy; "
                              "for DDP use --precision bf16-mixed (autocast)")
         return self

@@ -152,8 +152,7 @@ def _shared_attributes(model: nn.Module) -> Iterator[Any]:
     bookkeeping (names from ``_``) is copied, so hooks the trace adds stay on the twin."""
     for module in model.modules():
         for name, value in vars(module).items():
-            if not name.startswith("_") and not isinstance(value, _COPIED) and \
-                    not isinstance(value, (bool, int, float, str, bytes, type(None))):
+            if not name.startswith("_") and not isinstance(value, _COPIED):
                 yield value
 
 

@@ -182,8 +182,7 @@ def _layers_table(report: Report) -> Table:
 def fits_summary(report: Report) -> str:
     """One line for a check that passed: the GPU and host RAM needed and usable."""
     device, host, parallel = report.device, report.host, report.spec.parallel
-    rank = (f" per GPU ({parallel.strategy.value} on {parallel.world_size} GPUs, one rank)"
-            if parallel else "")
+    rank = parallel.per_gpu() if parallel else ""
     return (f"FITS: batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} of "
             f"{format_bytes(device.plan.usable_bytes)} usable; {counted(host.num_workers, 'worker')} need "
             f"{format_bytes(host.peak_bytes)} of host RAM")

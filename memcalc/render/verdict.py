@@ -18,10 +18,8 @@ def verdict_line(report: Report) -> str:
     (within 80 columns for the usual sizes); without a GPU, how the step compares with the
     cards in the catalog."""
     device, parallel = report.device, report.spec.parallel
-    needs = (f"batch {device.batch_size} needs {format_bytes(device.total_bytes)}"
-             if parallel is None else f"batch {device.batch_size} per GPU needs "
-             f"{format_bytes(device.total_bytes)} a rank ({parallel.strategy.value} on "
-             f"{parallel.world_size} GPUs)")
+    needs = (f"batch {device.batch_size}{parallel.per_gpu() if parallel else ''} needs "
+             f"{format_bytes(device.total_bytes)}")
     if device.method != "traced":
         if parallel is not None:   # the static count is one GPU's, not a rank's share
             return (f"FIT UNKNOWN (STATIC): the rank of {parallel.describe()} could not be "

@@ -100,9 +100,7 @@ class TrainingIteration:
         if self.optimizer is not None:
             observer.enter(Phase.OPTIMIZER)
             if body.clip_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(
-                    [p for p in self.model.parameters() if p.grad is not None],
-                    body.clip_grad_norm)
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), body.clip_grad_norm)
             self._step()
             observer.enter(Phase.ZERO_GRAD)
             self.optimizer.zero_grad(set_to_none=not body.keep_zeroed_grads)
