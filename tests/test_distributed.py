@@ -81,10 +81,15 @@ def test_the_process_is_left_as_it_was_after_a_distributed_trace():
     import torch.distributed as dist
     from torch.distributed.tensor._sharding_prop import ShardingPropagator
 
+    import random
+
     before = (torch.UntypedStorage.resize_, ShardingPropagator._fake_mode_lock)
+    python_random, torch_random = random.getstate(), torch.get_rng_state()
     _rank_report("gpt2", "ddp", 1, None, False, False, world=4)
     assert not dist.is_initialized()
     assert (torch.UntypedStorage.resize_, ShardingPropagator._fake_mode_lock) == before
+    assert random.getstate() == python_random             # the group's set-up drew from it
+    assert torch.equal(torch.get_rng_state(), torch_random)
 
 
 def test_the_resize_wrapper_is_removed_after_the_trace():

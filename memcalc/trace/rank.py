@@ -4,9 +4,11 @@ mesh it runs in, and the model wrapped as the job wraps it (``memcalc.distribute
 from __future__ import annotations
 
 import contextlib
+import random
 import warnings
 from collections.abc import Iterator
 
+import torch
 from torch import nn
 
 from memcalc.distributed.parallelize import job_mesh, parallelize
@@ -23,6 +25,7 @@ def rank_of(parallel: ParallelSpec | None) -> Iterator:
     if parallel is None:
         yield None
         return
+    python_random, torch_random = random.getstate(), torch.get_rng_state()
     try:
         group = fake_process_group(parallel.world_size)
         group.__enter__()
@@ -36,6 +39,8 @@ def rank_of(parallel: ParallelSpec | None) -> Iterator:
             yield job_mesh(parallel)
     finally:
         group.__exit__(None, None, None)
+        random.setstate(python_random)      # the process group's set-up draws from both
+        torch.set_rng_state(torch_random)
 
 
 def wrapped(parallel: ParallelSpec | None, model: nn.Module, sharding: bool, mesh) -> nn.Module:
