@@ -8,7 +8,8 @@ from memcalc.distributed.specs import ParallelSpec
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.trace._torch_internals import StorageWatcher
-from tests.fixtures.distributed_truth import MODELS, SEQUENCE, TINY_GPT2, measure_rank_peaks
+from tests.fixtures.distributed_truth import (MODELS, PIPELINE_LLAMA, SEQUENCE, TINY_GPT2,
+                                              measure_rank_peaks)
 
 WORLD = 2
 CASES = {
@@ -20,7 +21,11 @@ CASES = {
     "fsdp-checkpointed": ("gpt2", "fsdp", 4, None, True, False),
     "fsdp-foreach-adam": ("gpt2", "fsdp", 2, None, False, True),
     "tensor-parallel": ("llama_7b", "tp", 2, None, False, False),
+    "pipeline-1f1b": ("llama_7b", "pp-1f1b", 4, None, False, False),
+    "pipeline-gpipe": ("llama_7b", "pp-gpipe", 4, None, False, False),
+    "pipeline-interleaved": ("llama_7b", "pp-interleaved-1f1b", 4, None, False, False),
 }
+PIPELINES = {case for case, (_, strategy, *_) in CASES.items() if strategy.startswith("pp-")}
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +34,12 @@ def measured() -> dict[str, list[int]]:
 
 
 def _rank_report(model, strategy, batch, param_dtype, checkpointing, foreach, world=WORLD):
+    if strategy.startswith("pp-"):            # every rank a stage, one sample per microbatch
+        return estimate(TrainingSpec(
+            model=model, model_args=PIPELINE_LLAMA, sample_shape=(SEQUENCE,), device="cpu",
+            batch_size=batch, parallel=ParallelSpec(
+                strategy="pipeline", gpus_per_node=world,
+                pp_schedule=strategy.removeprefix("pp-"))))
     tp = world if strategy == "tp" else 1      # tensor parallel alone: no data-parallel wrapper
     return estimate(TrainingSpec(
         model=model, model_args=MODELS[model], sample_shape=(SEQUENCE,), device="cpu",
@@ -38,7 +49,16 @@ def _rank_report(model, strategy, batch, param_dtype, checkpointing, foreach, wo
                               gpus_per_node=world, tp=tp, param_dtype=param_dtype)))
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", sorted(PIPELINES))
+def test_the_largest_pipeline_stage_within_1_percent(measured, case):
+    """Pipeline ranks hold different layers and microbatches; memcalc reports the largest
+    (the last stage here: it holds the head's logits and the loss)."""
+    report = _rank_report(*CASES[case])
+    assert report.device.method == "traced"
+    assert report.device.peak_bytes == pytest.approx(max(measured[case]), rel=0.01)
+
+
+@pytest.mark.parametrize("case", sorted(set(CASES) - PIPELINES))
 def test_the_ranks_of_the_real_job_within_1_percent(measured, case):
     """The ranks do the same work, so their true peaks are equal; a rank's measured figure
     can only come out high (a buffer that gloo's thread frees is not seen freed), so the

@@ -7,15 +7,17 @@ import click
 from pydantic import ValidationError
 
 from memcalc.cli.types import enum_choice
-from memcalc.distributed.specs import PARAM_DTYPES, DataParallel, ParallelSpec, Reshard
+from memcalc.distributed.specs import (PARAM_DTYPES, DataParallel, ParallelSpec,
+                                      PipelineSchedule, Reshard)
 from memcalc.errors import InputError
 
 JOB_OPTIONS = [
     click.option("--strategy", type=enum_choice(DataParallel),
                  help="Trace one rank of a distributed job: ddp (DistributedDataParallel), "
                       "zero1 (DDP + ZeroRedundancyOptimizer), "
-                      "zero2 (FSDP2 without resharding after forward) or fsdp (FSDP2 "
-                      "fully_shard per block + root); needs --gpus."),
+                      "zero2 (FSDP2 without resharding after forward), fsdp (FSDP2 "
+                      "fully_shard per block + root) or pipeline (every GPU a pipeline "
+                      "stage); needs --gpus."),
     click.option("--gpus", "job_gpus", type=click.IntRange(min=1),
                  help="GPUs per node of the distributed job (with --strategy)."),
     click.option("--nodes", "job_nodes", type=click.IntRange(min=1), default=1,
@@ -23,6 +25,15 @@ JOB_OPTIONS = [
     click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Tensor-parallel degree inside each data-parallel group (DTensor "
                       "column/row-wise plans for the blocks' attention and MLP)."),
+    click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Pipeline-parallel degree (torch.distributed.pipelining): the model "
+                      "split into stages at its repeated blocks; the largest stage's rank "
+                      "is reported."),
+    click.option("--pp-schedule", type=enum_choice(PipelineSchedule), default="1f1b",
+                 show_default=True, help="Pipeline schedule (interleaved-1f1b: two stages "
+                                         "per rank)."),
+    click.option("--microbatch-size", type=click.IntRange(min=1), default=1,
+                 show_default=True, help="Samples per pipeline microbatch."),
     click.option("--param-dtype", type=click.Choice(PARAM_DTYPES),
                  help="FSDP2 MixedPrecisionPolicy.param_dtype: parameters cast once per unit "
                       "at the all-gather, compute in that dtype, fp32 master weights."),
@@ -46,6 +57,9 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
     """The layout from the job options (popped from ``options``); None without --strategy."""
     strategy, gpus = options.pop("strategy", None), options.pop("job_gpus", None)
     fields = dict(nodes=options.pop("job_nodes", 1), tp=options.pop("tp", 1),
+                  pp=options.pop("pp", 1),
+                  pp_schedule=options.pop("pp_schedule", PipelineSchedule.ONE_F_ONE_B),
+                  microbatch_size=options.pop("microbatch_size", 1),
                   param_dtype=options.pop("param_dtype", None),
                   reduce_dtype=options.pop("reduce_dtype", None),
                   reshard_after_forward=options.pop("reshard_after_forward", Reshard.DEFAULT),

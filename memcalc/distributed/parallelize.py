@@ -1,9 +1,10 @@
-"""One function per parallelism, applied to the model in torchtitan's order (tensor
-parallel, then data parallel), each with the real torch wrapper.
+"""One function per parallelism, applied to the model in torchtitan's order (pipeline
+split — ``memcalc.distributed.pipeline_split``, applied by the tracer, which then wraps each
+stage —, tensor parallel, then data parallel), each with the real torch wrapper.
 
 Known limitations: tensor parallelism shards the ``nn.Linear`` layers of the repeated blocks
-by name (``memcalc.distributed.tensor_plan``); DDP with tensor parallelism, pipeline and
-context parallelism are not traced.
+by name (``memcalc.distributed.tensor_plan``); DDP with tensor parallelism and context
+parallelism are not traced.
 """
 
 from __future__ import annotations
@@ -119,16 +120,24 @@ class JobMesh:
 
     dp: object
     tp: object
+    pp: object
 
 
 def job_mesh(spec: ParallelSpec) -> JobMesh:
-    """This rank's device mesh, data parallel outer and tensor parallel inner (torchtitan's
-    order), and its two dimensions. CPU, as the trace runs on fake CPU tensors; made outside
-    the fake mode (slicing a mesh computes with its rank table, which a fake tensor lacks)."""
+    """This rank's device mesh, pipeline outermost, then data parallel, tensor parallel
+    inner (torchtitan's order), and its dimensions. CPU, as the trace runs on fake CPU
+    tensors; made outside the fake mode (slicing a mesh computes with its rank table, which a
+    fake tensor lacks)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (spec.dp, spec.tp), mesh_dim_names=("dp", "tp"))
-    return JobMesh(mesh["dp"], mesh["tp"])
+    mesh = init_device_mesh("cpu", (spec.pp, spec.dp, spec.tp),
+                            mesh_dim_names=("pp", "dp", "tp"))
+    return JobMesh(mesh["dp"], mesh["tp"], mesh["pp"])
+
+
+def stage_rank(spec: ParallelSpec, stage: int) -> int:
+    """The global rank of the first rank of pipeline stage group ``stage`` (pp outermost)."""
+    return stage * spec.dp * spec.tp
 
 
 def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]) -> nn.Module:

@@ -23,6 +23,20 @@ class DataParallel(str, Enum):
     to backward, gradients and optimizer state sharded (ZeRO-2, FSDP1's SHARD_GRAD_OP)."""
     FSDP = "fsdp"
     """FSDP2 ``fully_shard``: parameters, gradients and optimizer state sharded (ZeRO-3)."""
+    PIPELINE = "pipeline"
+    """No data-parallel wrapper: every rank a pipeline stage (``--pp`` = the GPUs over
+    ``--tp``)."""
+
+
+class PipelineSchedule(str, Enum):
+    """``torch.distributed.pipelining``'s schedules."""
+
+    GPIPE = "gpipe"
+    """``ScheduleGPipe``: every microbatch's forward, then every backward."""
+    ONE_F_ONE_B = "1f1b"
+    """``Schedule1F1B``: after a warm-up, one forward and one backward in turn."""
+    INTERLEAVED = "interleaved-1f1b"
+    """``ScheduleInterleaved1F1B``: two stages per rank (virtual stages), 1F1B between them."""
 
 
 REPLICATED = frozenset({DataParallel.DDP, DataParallel.ZERO1})
@@ -64,6 +78,17 @@ class ParallelSpec(BaseModel):
     bucket_cap_mb: float = Field(default=25.0, gt=0)
     """DDP's bucket size (its default: 25 MiB)."""
     static_graph: bool = False
+    pp: int = Field(default=1, ge=1)
+    """Pipeline-parallel degree: the model split into stages by its repeated blocks."""
+    pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    microbatch_size: int = Field(default=1, ge=1)
+    """Samples per pipeline microbatch (torchtitan's default: 1); the local batch is split
+    into ⌈batch ÷ microbatch size⌉ microbatches."""
+
+    @property
+    def stages_per_rank(self) -> int:
+        """Pipeline stages each rank holds (two for the interleaved schedule)."""
+        return 2 if self.pp > 1 and self.pp_schedule is PipelineSchedule.INTERLEAVED else 1
 
     @property
     def world_size(self) -> int:
@@ -71,8 +96,8 @@ class ParallelSpec(BaseModel):
 
     @property
     def dp(self) -> int:
-        """Data-parallel degree: the ranks left over tensor parallelism."""
-        return self.world_size // self.tp
+        """Data-parallel degree: the ranks left over tensor and pipeline parallelism."""
+        return self.world_size // (self.tp * self.pp)
 
     def describe(self) -> str:
         """The layout in a few words: ``fsdp on 16 GPUs (2 nodes × 8), param bfloat16``."""
@@ -83,6 +108,9 @@ class ParallelSpec(BaseModel):
             extras.append("gradient_as_bucket_view")
         if self.strategy is DataParallel.FSDP and self.reshard_after_forward is not Reshard.DEFAULT:
             extras.append(f"reshard after forward: {self.reshard_after_forward.value}")
+        if self.pp > 1:
+            extras.insert(0, f"pipeline {self.pp} ({self.pp_schedule.value}, "
+                             f"microbatch {self.microbatch_size})")
         if self.tp > 1:
             extras.insert(0, f"tensor parallel {self.tp}")
         return (f"{self.strategy.value} on {self.world_size} GPUs{nodes}"
@@ -90,7 +118,21 @@ class ParallelSpec(BaseModel):
 
     def per_gpu(self) -> str:
         """What a batch and its bytes are, next to them: `` per GPU (fsdp on 8 GPUs, one rank)``."""
+        if self.pp > 1:
+            return (f" per pipeline replica ({self.describe()}; the rank of its largest "
+                    "stage)")
         return f" per GPU ({self.strategy.value} on {self.world_size} GPUs, one rank)"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _pipeline_fills_the_job(cls, values):
+        """``strategy pipeline`` without ``pp``: every GPU (over ``tp``) is a stage."""
+        if isinstance(values, dict) and values.get("strategy") in (DataParallel.PIPELINE,
+                                                                   "pipeline"):
+            if values.get("pp") in (None, 1):
+                world = int(values.get("gpus_per_node", 1)) * int(values.get("nodes", 1))
+                values = {**values, "pp": max(1, world // int(values.get("tp", 1)))}
+        return values
 
     @model_validator(mode="after")
     def _consistent(self) -> ParallelSpec:
@@ -99,6 +141,15 @@ class ParallelSpec(BaseModel):
         if self.world_size % self.tp:
             raise ValueError(f"--tp {self.tp} does not divide the {self.world_size} GPUs; "
                              "use a divisor of --gpus × --nodes")
+        if self.world_size % (self.tp * self.pp):
+            raise ValueError(f"--pp {self.pp} × --tp {self.tp} does not divide the "
+                             f"{self.world_size} GPUs; use divisors of --gpus × --nodes")
+        if self.strategy is DataParallel.PIPELINE and self.dp > 1:
+            raise ValueError(f"--strategy pipeline leaves {self.dp} data-parallel replicas; "
+                             "give --pp × --tp = the GPUs, or a data-parallel --strategy "
+                             "(ddp, fsdp…) with --pp")
+        if self.strategy is DataParallel.PIPELINE and self.pp == 1:
+            raise ValueError("--strategy pipeline needs at least 2 stages (--gpus 2 or more)")
         for name in ("param_dtype", "reduce_dtype"):
             value = getattr(self, name)
             if value is not None and value not in PARAM_DTYPES:

@@ -52,6 +52,13 @@ def report_renderable(report: Report, show_layers: bool = False, details: bool =
     return Group(*parts)
 
 
+def _one_rank(parallel) -> str:
+    if parallel.pp > 1:
+        return (f" per pipeline replica\nthe rank of the largest stage of {parallel.describe()}"
+                " (each stage's first rank traced in a fake process group)")
+    return f" per GPU\none rank of {parallel.describe()} (traced in a fake process group)"
+
+
 def _head(report: Report) -> str:
     device, spec = report.device, report.spec
     label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
@@ -62,8 +69,7 @@ def _head(report: Report) -> str:
     return (
         f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
         f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}"
-        + (f" per GPU\none rank of {spec.parallel.describe()} (traced in a fake process group)"
-           if spec.parallel else "") + "\n"
+        + (_one_rank(spec.parallel) if spec.parallel else "") + "\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
         f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}"
         + "".join(f"; {name} {shape}" for name, shape in report.input.named_inputs.items())

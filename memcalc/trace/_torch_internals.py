@@ -589,3 +589,53 @@ def _set_autocast(device: str, enabled: bool) -> None:
     except TypeError:                         # torch < 2.4
         (torch.set_autocast_cpu_enabled if device == "cpu" else torch.set_autocast_enabled)(
             enabled)
+
+
+def static_pipeline_warmup(schedule) -> None:
+    """A pipeline schedule's first-step vote (each rank says whether its stages were given
+    their input and output shapes, and all agree on the answer by a send/recv chain) decided
+    as every rank of the traced job decides it: yes, as memcalc gives every stage its shapes.
+    The vote reads the received answer with ``.item()``, which a fake process group cannot
+    supply. Torch versions without the vote (``_warmup_p2p``) are left as they are."""
+    if not hasattr(schedule, "_warmup_p2p"):
+        return
+    from torch.distributed.pipelining.stage import InferenceMode
+
+    def warm_up(stages, has_backward, p2p_done) -> None:
+        for stage in stages:
+            stage._inference_mode = InferenceMode.STATIC
+
+    schedule._warmup_p2p = warm_up
+
+
+class _HeldSend:
+    """A point-to-point work that keeps the tensors its batch sent for as long as the work
+    itself lives, as gloo's and NCCL's works do (they hold the tensors they were given until
+    they are destroyed; the schedules keep the last works in a variable after waiting for
+    them); the fake backend's own work lets them go at once."""
+
+    def __init__(self, work, sent: list) -> None:
+        self._work, self._sent = work, sent
+
+    def __getattr__(self, name: str):
+        return getattr(self._work, name)
+
+
+@contextlib.contextmanager
+def pipeline_sends_held() -> Iterator[None]:
+    """While tracing a pipeline rank: the schedules' batched sends and receives
+    (``schedules._batch_p2p``) hand back works that keep what they sent until waited for."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules
+
+    original = schedules._batch_p2p
+
+    def batch_p2p(p2p_ops, desc=None):
+        sent = [op.tensor for op in p2p_ops if op.op is dist.isend]
+        return [_HeldSend(work, sent) for work in original(p2p_ops, desc)]
+
+    schedules._batch_p2p = batch_p2p
+    try:
+        yield
+    finally:
+        schedules._batch_p2p = original

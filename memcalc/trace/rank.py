@@ -5,36 +5,52 @@ from __future__ import annotations
 
 import contextlib
 import random
+from dataclasses import dataclass
 import warnings
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from memcalc.distributed.parallelize import job_mesh, parallelize
+from memcalc.distributed.parallelize import job_mesh, parallelize, stage_rank
+from memcalc.distributed.pipeline_split import pipeline_stages
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.errors import TraceError
-from memcalc.trace._torch_internals import fake_mode_paused, fake_process_group, is_fake
+from memcalc.model.inputs import ModelCall, ModelInputs, make_call
+from memcalc.trace._torch_internals import (fake_mode_paused, fake_process_group, is_fake,
+                                            pipeline_sends_held, static_pipeline_warmup)
 from memcalc.trace.checkpointing import repeated_blocks
+from memcalc.trace.pipeline_step import (PipelineIteration, StageShapes, build_schedule,
+                                         check_microbatches, microbatch_count, stage_shapes)
+
+
+def traced_ranks(parallel: ParallelSpec | None) -> list[int]:
+    """The ranks whose step is traced: rank 0, and the first rank of every other pipeline
+    stage (their stages hold different layers and microbatches in flight)."""
+    if parallel is None or parallel.pp == 1:
+        return [0]
+    return [stage_rank(parallel, stage) for stage in range(parallel.pp)]
 
 
 @contextlib.contextmanager
-def rank_of(parallel: ParallelSpec | None) -> Iterator:
-    """Rank 0 of the job's fake process group around the trace, and its device mesh (made
+def rank_of(parallel: ParallelSpec | None, rank: int = 0) -> Iterator:
+    """``rank`` of the job's fake process group around the trace, and its device mesh (made
     outside the fake mode, which would fake the mesh's rank table); None without a layout."""
     if parallel is None:
         yield None
         return
     python_random, torch_random = random.getstate(), torch.get_rng_state()
     try:
-        group = fake_process_group(parallel.world_size)
+        group = fake_process_group(parallel.world_size, rank)
         group.__enter__()
     except RuntimeError as error:
         raise TraceError(f"cannot trace a {parallel.world_size}-rank job here: {error} "
                          "(call memcalc before init_process_group, or with isolate=True)"
                          ) from None
     try:
-        with warnings.catch_warnings():   # FSDP2's advice on views of the output is for users
+        with warnings.catch_warnings(), (pipeline_sends_held() if parallel.pp > 1
+                                         else contextlib.nullcontext()):
+            # FSDP2's advice on views of the output is for users
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed")
             yield job_mesh(parallel)
     finally:
@@ -55,3 +71,56 @@ def wrapped(parallel: ParallelSpec | None, model: nn.Module, sharding: bool, mes
     if not all(is_fake(tensor) for tensor in (*model.parameters(), *model.buffers())):
         raise TraceError("the distributed wrappers made real parameters (not traceable)")
     return model
+
+
+@dataclass
+class PipelineRank:
+    """This rank's pipeline stages, sharded as the job shards them, and how to step them."""
+
+    parallel: ParallelSpec
+    mesh: object
+    modules: list[nn.Module]
+    indices: list[int]
+    shapes: list[StageShapes]
+
+    @property
+    def first(self) -> bool:
+        """This rank holds the first stage (it feeds the batch)."""
+        return 0 in self.indices
+
+    @property
+    def container(self) -> nn.Module:
+        """The rank's stage modules in one module (for their states and names)."""
+        return nn.ModuleList(self.modules)
+
+    def iteration(self, setup, job_model: nn.Module, batch: ModelCall, optimizer, observer,
+                  step) -> PipelineIteration:
+        """The rank's step: DDP (when the job uses it) around each stage, then the schedule."""
+        batch_size = setup.batch_shape[0]
+        microbatches = microbatch_count(self.parallel, batch_size)
+        check_microbatches(self.parallel, microbatches)
+        modules = [wrapped(self.parallel, module, False, self.mesh) for module in self.modules]
+        iteration: list[PipelineIteration] = []
+        schedule = build_schedule(self.parallel, modules, self.indices, self.shapes,
+                                  microbatches, self.mesh.pp.get_group(),
+                                  lambda output, target: iteration[0].loss(output, target))
+        static_pipeline_warmup(schedule)
+        last = self.shapes[-1].outputs[0]
+        iteration.append(PipelineIteration(
+            setup.body, schedule, modules, batch_size, batch if self.first else None,
+            optimizer, observer=observer, step=step,
+            output_shape=(batch_size, *last.shape[1:])))
+        return iteration[0]
+
+
+def pipeline_rank(parallel: ParallelSpec, model: nn.Module, inputs: ModelInputs,
+                  mesh) -> PipelineRank:
+    """``model`` (fake, materialised) split into the job's stages; this rank's ones (by its
+    place on the mesh's ``pp`` dimension, interleaved stages looping over the ranks as
+    torch's schedules place them) sharded by tensor parallelism and FSDP2 as the job does."""
+    stages = pipeline_stages(model, repeated_blocks(model), parallel.pp * parallel.stages_per_rank)
+    shapes = stage_shapes(stages, model, make_call(model, inputs, parallel.microbatch_size))
+    place = mesh.pp.get_local_rank()
+    indices = [place + loop * parallel.pp for loop in range(parallel.stages_per_rank)]
+    modules = [wrapped(parallel, stages[index], True, mesh) for index in indices]
+    return PipelineRank(parallel, mesh, modules, indices, shapes)

@@ -19,41 +19,35 @@ from torch import nn
 
 from memcalc.trace._torch_internals import (
     FAKE_TENSOR_FAILURES,
-    FlopCountingMode,
     UNSUPPORTED_OPERATOR,
     RealAllocationError,
     StorageWatcher,
     fake_cpu_mode,
-    local_tensor,
     materialize_fake,
     quiet_fake_tensor_logger,
 )
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing
-from memcalc.trace.rank import rank_of, wrapped
+from memcalc.trace.rank import pipeline_rank, rank_of, traced_ranks, wrapped
 from memcalc.distributed.parallelize import job_optimizer, local_optimizer
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
 from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError, at_user_frame, first_line
-from memcalc.model.inputs import InputTensor, ModelInputs, make_call
-from memcalc.trace.ledger import MemoryLedger, Phase, StorageRecord
+from memcalc.model.inputs import InputTensor, ModelCall, ModelInputs, make_call
+from memcalc.trace.ledger import MemoryLedger, StorageRecord
 from memcalc.trace.offload import OffloadCounter
 from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
-from memcalc.trace.flops import StepFlops, step_flops_of
+from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import ZeroHalos, apply_halo_exchange
-from memcalc.trace.step import StepBody, StepObserver, TrainingIteration
+from memcalc.trace.step import StepBody, TrainingIteration
+from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
 from memcalc.trace.workspaces import ConvWorkspaces
 from memcalc.specs import LossKind
-
-# Module paths given to storages made outside any submodule.
-ROOT_MODULE_LABEL = "(model)"
-LOSS_LABEL = "(loss)"
-
 
 @dataclass(frozen=True)
 class StepSetup:
@@ -140,17 +134,6 @@ class TraceResult:
     """CUDA kernels the step used whose own tensors are not modelled (``cuda_kernels``)."""
 
 
-class _Cursor:
-    """Where the step is now; new storages are stamped with it."""
-
-    def __init__(self) -> None:
-        self.phase, self.iteration, self.module_stack = Phase.SETUP, 0, []
-
-    @property
-    def module_path(self) -> str:
-        return self.module_stack[-1] if self.module_stack else ""
-
-
 def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
     """``meta_model`` as the step runs it, inside a fake mode: materialised in training mode,
     its repeated blocks checkpointed, its padded layers taking ``halos`` under spatial
@@ -175,9 +158,16 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
 
 
 def _traced(setup: StepSetup, replay: bool) -> TraceResult:
+    """The step of the job's rank (of each pipeline stage's first rank, the largest kept)."""
+    results = [_traced_rank(setup, replay, rank) for rank in traced_ranks(setup.parallel)]
+    return max(results, key=lambda result: result.ledger.peak_bytes)
+
+
+def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
     meta_model = setup.build_meta_model()
     try:
-        with quiet_fake_tensor_logger(), rank_of(setup.parallel) as mesh, fake_cpu_mode():
+        with (quiet_fake_tensor_logger(), rank_of(setup.parallel, rank) as mesh,
+              fake_cpu_mode()):
             return _trace(setup, meta_model, replay, mesh)
     except (MemcalcError, ReplayMismatch):
         raise
@@ -198,7 +188,7 @@ def _traced(setup: StepSetup, replay: bool) -> TraceResult:
 
 
 def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> TraceResult:
-    ledger, cursor = MemoryLedger(), _Cursor()
+    ledger, cursor = MemoryLedger(), Cursor()
 
     def on_new(storage: torch.UntypedStorage) -> StorageRecord | None:
         nbytes = storage.nbytes()
@@ -218,23 +208,31 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> Trace
                   if setup.cudnn is not None else None)
     watcher = StorageWatcher(on_new, ledger.free, workspaces)
     halo = ZeroHalos()
-    model = wrapped(setup.parallel, step_model(setup, halo, meta_model), True, mesh)
-    _label(watcher, model.parameters(), MemoryCategory.PARAMETER)
-    _label(watcher, model.buffers(), MemoryCategory.BUFFER)
-    batch = make_call(model, setup.inputs, setup.batch_shape[0])
-    _label(watcher, batch.tensors(), MemoryCategory.INPUT)
-    handles = _track_modules(model, cursor)
+    model = step_model(setup, halo, meta_model)
+    stages = (pipeline_rank(setup.parallel, model, setup.inputs, mesh)
+              if setup.parallel is not None and setup.parallel.pp > 1 else None)
+    if stages is None:
+        model = wrapped(setup.parallel, model, True, mesh)
+        batch = make_call(model, setup.inputs, setup.batch_shape[0])
+    else:
+        batch = (make_call(model, setup.inputs, setup.batch_shape[0]) if stages.first
+                 else ModelCall(()))
+        model = stages.container
+    label(watcher, model.parameters(), MemoryCategory.PARAMETER)
+    label(watcher, model.buffers(), MemoryCategory.BUFFER)
+    label(watcher, batch.tensors(), MemoryCategory.INPUT)
+    handles = track_modules(model, cursor)
     kernels = CudaKernelMode(setup.cuda_capability) if setup.cuda_kernels else None
     legacy = LegacyAutogradMode(setup.softmax_saves_input)
     offload = OffloadCounter()
     bounded = BoundedOps()     # below the watcher, which then records what its rules make
     try:
         with bounded, watcher, legacy, kernels or contextlib.nullcontext():
-            job_model = wrapped(setup.parallel, model, False, mesh)
+            job_model = wrapped(setup.parallel, model, False, mesh) if stages is None else model
             optimizer = job_optimizer(setup.parallel, mesh,
                                       lambda params: setup.optimizer.build(params, setup.foreach),
                                       list(model.parameters()))
-            observer = _LedgerObserver(watcher, cursor, ledger, model, local_optimizer(optimizer))
+            observer = LedgerObserver(watcher, cursor, ledger, model, local_optimizer(optimizer))
             steps = OptimizerSteps(optimizer, TraceSide(
                 ledger, watcher.op_names, bounded.use_counts,
                 lambda: (cursor.phase, cursor.iteration, cursor.module_path),
@@ -242,8 +240,9 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> Trace
                                       dict(kernels.target.attention_backends)),
                          workspaces and workspaces.calls),
                 bounded.forget_values), repr(_step_context(setup)), replay)
-            iteration = TrainingIteration(setup.body, job_model, batch, optimizer, observer,
-                                          steps)
+            iteration = (TrainingIteration(setup.body, job_model, batch, optimizer, observer,
+                                           steps) if stages is None else
+                         stages.iteration(setup, job_model, batch, optimizer, observer, steps))
             try:
                 output_shape = _iterations(setup, iteration, cursor, offload, halo)
                 steps.finish()
@@ -264,7 +263,7 @@ def _step_context(setup: StepSetup) -> tuple:
     return (setup.iterations, setup.keep_zeroed_grads, setup.cuda_kernels, setup.cuda_capability)
 
 
-def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: _Cursor,
+def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: Cursor,
                 offload: OffloadCounter, halo: ZeroHalos) -> tuple[int, ...]:
     output_shape: tuple[int, ...] = ()
     for number in range(1, setup.iterations + 1):
@@ -275,78 +274,3 @@ def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: _Cursor,
         with saved:
             output_shape = iteration()
     return output_shape
-
-
-class _LedgerObserver(StepObserver):
-    """Stamps new storages with the phase, labels what the step made (target, activations,
-    gradients, optimizer state) and counts the first iteration's FLOPs (forward, loss,
-    backward; recomputation included when checkpointing)."""
-
-    def __init__(self, watcher: StorageWatcher, cursor: _Cursor, ledger: MemoryLedger,
-                 model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.watcher, self.cursor, self.ledger = watcher, cursor, ledger
-        self.model, self.optimizer = model, optimizer
-        self.first_forward_record = 0
-        self.counter: FlopCountingMode | None = None
-        self.flops: StepFlops | None = None
-
-    def enter(self, phase: Phase) -> None:
-        if phase is Phase.FORWARD:
-            self.first_forward_record = len(self.ledger.records)
-            if self.cursor.iteration == 1:
-                self.counter = FlopCountingMode()
-                self.counter.__enter__()
-        elif phase is Phase.BACKWARD:
-            for record in self.ledger.records[self.first_forward_record:]:
-                if not record.freed and record.category is MemoryCategory.TEMPORARY:
-                    record.category = MemoryCategory.ACTIVATION
-        elif phase is Phase.OPTIMIZER:
-            self.stop_counting()
-            _label(self.watcher, (p.grad for p in self.model.parameters()
-                                  if p.grad is not None), MemoryCategory.GRADIENT)
-        elif phase is Phase.ZERO_GRAD:
-            _label(self.watcher, (value for state in self.optimizer.state.values()
-                                  for value in state.values() if isinstance(value, torch.Tensor)),
-                   MemoryCategory.OPTIMIZER_STATE)
-        self.cursor.phase = phase
-
-    def target_made(self, target: torch.Tensor) -> None:
-        _label(self.watcher, [target], MemoryCategory.INPUT)
-
-    def loss_begins(self) -> None:
-        self.cursor.module_stack.append(LOSS_LABEL)
-
-    def loss_ends(self) -> None:
-        self.cursor.module_stack.pop()
-
-    def stop_counting(self) -> None:
-        if self.counter is not None:
-            self.counter.__exit__(None, None, None)
-            self.flops = step_flops_of(self.counter.by_op)
-            self.counter = None
-
-
-def _label(watcher: StorageWatcher, tensors, category: MemoryCategory) -> None:
-    for tensor in tensors:
-        record = watcher.watch(local_tensor(tensor))
-        if record is not None:
-            record.category = category
-
-
-def _track_modules(model: nn.Module, cursor: _Cursor) -> list:
-    """Forward hooks that keep ``cursor.module_stack`` (hooks must return None)."""
-
-    def enter(name: str) -> None:
-        cursor.module_stack.append(name)
-
-    def leave() -> None:
-        cursor.module_stack.pop()
-
-    handles = []
-    for name, module in model.named_modules():
-        name = name or ROOT_MODULE_LABEL
-        handles.append(module.register_forward_pre_hook(lambda _m, _a, name=name: enter(name)))
-        handles.append(module.register_forward_hook(lambda _m, _a, _o: leave()))
-    return handles
-
-

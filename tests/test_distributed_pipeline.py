@@ -1,0 +1,138 @@
+"""Pipeline stages: the split at the repeated blocks, its refusals, and the schedules."""
+
+import pytest
+import torch
+from torch import nn
+
+from memcalc.distributed.pipeline_split import pipeline_stages, split_points
+from memcalc.distributed.specs import ParallelSpec
+from memcalc.errors import InputError
+from memcalc.pipeline import estimate
+from memcalc.specs import TrainingSpec
+from memcalc.trace.checkpointing import repeated_blocks
+from tests.fixtures.distributed_truth import MODELS, SEQUENCE, TINY_LLAMA
+
+DEEP_LLAMA = {**TINY_LLAMA, "depth": 4}
+
+
+def test_blocks_are_shared_out_evenly_earlier_stages_taking_the_rest():
+    assert [len(r) for r in split_points(10, 4)] == [3, 3, 2, 2]
+    assert [list(r) for r in split_points(4, 2)] == [[0, 1], [2, 3]]
+
+
+def _llama() -> nn.Module:
+    from models_zoo.llama import llama_7b
+    return llama_7b(**DEEP_LLAMA)
+
+
+def test_stages_share_the_models_parameters_without_copies():
+    model = _llama()
+    stages = pipeline_stages(model, repeated_blocks(model), 2)
+    owned = [{id(p) for p in stage.parameters()} for stage in stages]
+    assert not owned[0] & owned[1]
+    assert owned[0] | owned[1] == {id(p) for p in model.parameters()}
+    assert isinstance(stages[1].token_embedding, nn.Identity)  # a Passthrough
+    assert isinstance(stages[0].lm_head, nn.Identity) and stages[1].lm_head is model.lm_head
+    assert len(model.blocks) == 4          # the model itself is left whole
+
+
+def test_the_stages_chain_to_the_models_output():
+    model = _llama()
+    tokens = torch.randint(0, 100, (2, SEQUENCE))
+    hidden = tokens
+    for stage in pipeline_stages(model, repeated_blocks(model), 4):
+        hidden = stage(hidden)
+    torch.testing.assert_close(hidden, model(tokens))
+
+
+def test_a_model_without_a_block_container_is_refused_by_name():
+    class Loose(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 4))
+
+    model = Loose()
+    with pytest.raises(InputError, match="children of one"):
+        pipeline_stages(model, ["a", "b"], 2)
+
+
+def _pipeline_report(model, args, **parallel):
+    return estimate(TrainingSpec(model=model, model_args=args, sample_shape=(SEQUENCE,),
+                                 device="cpu", batch_size=4, input_dtype="int64",
+                                 parallel=ParallelSpec(gpus_per_node=2, **parallel)))
+
+
+def test_weights_tied_across_stages_are_refused():
+    """The zoo's GPT-2 ties its head to its embedding: they would sit in two stages."""
+    with pytest.raises(InputError, match="tied between pipeline stages 0 and 1"):
+        _pipeline_report("gpt2", MODELS["gpt2"], strategy="pipeline")
+
+
+def test_a_forward_that_does_more_than_chain_its_modules_is_refused():
+    """Untied, the zoo's GPT-2 still adds position embeddings in its forward (the position
+    table is given positions, not the stage's input): its stages cannot chain."""
+    with pytest.raises(InputError, match="does not split into pipeline stages.*stage 1"):
+        _pipeline_report("tests.fixtures.user_builders:untied_gpt2", MODELS["gpt2"],
+                         strategy="pipeline")
+
+
+def test_more_stages_than_blocks_is_an_input_error():
+    with pytest.raises(InputError, match="at least 8 repeated blocks"):
+        estimate(TrainingSpec(model="llama_7b", model_args=DEEP_LLAMA, sample_shape=(SEQUENCE,),
+                              device="cpu", batch_size=8,
+                              parallel=ParallelSpec(strategy="pipeline", gpus_per_node=8)))
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_is_an_input_error():
+    with pytest.raises(InputError, match="at least 2 microbatches"):
+        estimate(TrainingSpec(model="llama_7b", model_args=DEEP_LLAMA, sample_shape=(SEQUENCE,),
+                              device="cpu", batch_size=1,
+                              parallel=ParallelSpec(strategy="pipeline", gpus_per_node=2)))
+
+
+def test_gpipe_holds_every_microbatch_and_1f1b_at_most_one_per_stage():
+    """GPipe keeps all microbatches' activations until backward, 1F1B at most as many as
+    stages: with 8 microbatches GPipe's rank holds more."""
+    gpipe = _pipeline_report("llama_7b", DEEP_LLAMA, strategy="pipeline", pp_schedule="gpipe")
+    one = _pipeline_report("llama_7b", DEEP_LLAMA, strategy="pipeline", pp_schedule="1f1b")
+    assert gpipe.device.method == one.device.method == "traced"
+    assert gpipe.device.breakdown.activations > one.device.breakdown.activations
+
+
+def test_each_rank_holds_its_stages_share_of_the_states():
+    whole = estimate(TrainingSpec(model="llama_7b", model_args=DEEP_LLAMA,
+                                  sample_shape=(SEQUENCE,), device="cpu", batch_size=4))
+    for schedule in ("1f1b", "interleaved-1f1b"):
+        rank = _pipeline_report("llama_7b", DEEP_LLAMA, strategy="pipeline",
+                                pp_schedule=schedule)
+        assert rank.device.method == "traced"
+        assert rank.device.breakdown.parameters < 0.8 * whole.device.breakdown.parameters
+
+
+def test_pipeline_within_fsdp_traces():
+    report = estimate(TrainingSpec(
+        model="llama_7b", model_args=DEEP_LLAMA, sample_shape=(SEQUENCE,), device="cpu",
+        batch_size=4, parallel=ParallelSpec(strategy="fsdp", gpus_per_node=4, pp=2)))
+    alone = _pipeline_report("llama_7b", DEEP_LLAMA, strategy="pipeline")
+    assert report.device.method == "traced"
+    assert report.device.breakdown.parameters < alone.device.breakdown.parameters
+
+
+def test_the_command_line_traces_a_pipeline_and_refuses_a_bad_one_in_one_line():
+    from click.testing import CliRunner
+
+    from memcalc.cli.commands import main
+    from tests.fixtures.cli import assert_exited_cleanly
+
+    args = ["estimate", "--model", "llama_7b", "--shape", str(SEQUENCE), "--device", "cpu",
+            "--batch-size", "4", *[f"--model-arg={k}={v}" for k, v in DEEP_LLAMA.items()]]
+    result = CliRunner().invoke(main, [*args, "--strategy", "pipeline", "--gpus", "2",
+                                       "--pp-schedule", "gpipe"])
+    assert_exited_cleanly(result)
+    assert result.exit_code == 0, result.output
+    assert "per pipeline replica" in result.output and "largest stage" in result.output
+    result = CliRunner().invoke(main, [*args, "--strategy", "pipeline", "--gpus", "4",
+                                       "--pp", "2"])
+    assert result.exit_code == 2
+    assert result.output.startswith("Error:") and "--pp" in result.output
+    assert len(result.output.strip().splitlines()) == 1
