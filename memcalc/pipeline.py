@@ -8,12 +8,13 @@ from dataclasses import replace
 import torch
 
 from memcalc.device.allocator_settings import AllocatorSettings
-from memcalc.device.batch_search import plan_batch
+from memcalc.device.batch_search import plan_batch_in_steps, plan_batch_on_line
 from memcalc.device.card_fit import COMMON_CARDS, card_fits
 from memcalc.device.estimate import DeviceTarget
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
-from memcalc.device.report import CardFit, DeviceReport, StaticEstimate
+from memcalc.device.report import BatchPlan, CardFit, DeviceReport, StaticEstimate
+from memcalc.distributed.specs import ParallelSpec
 from memcalc.device.static import layer_table
 from memcalc.dtypes import INPUT_DTYPES
 from memcalc.errors import InputError, TraceError
@@ -66,18 +67,39 @@ def _estimate(spec: TrainingSpec, progress: Progress | None,
                    if spec.loader.dataset else None)
     prepared = _prepare(spec, measurement, layer_tables)
     usable = prepared.target.usable_bytes
-    plan = plan_batch(prepared.device_report, usable)[0] if usable is not None else None
-    batch_size = spec.batch_size or (plan.max_batch_size if plan and plan.max_batch_size else 1)
+    step = spec.parallel.batch_step if spec.parallel else 1
+    plan = _batch_plan(prepared, usable, spec.parallel) if usable is not None else None
+    batch_size = spec.batch_size or _reported_batch(plan, spec.parallel, step)
     device = prepared.device_report(batch_size)
     if plan is not None:
         device = device.model_copy(update={"plan": plan})
-    elif card_fits and spec.device is DeviceKind.CUDA and device.method == "traced":
+    elif (card_fits and step == 1 and spec.device is DeviceKind.CUDA
+          and device.method == "traced"):
         device = device.model_copy(update={"card_fits": _card_fits(prepared)})
     static = prepared.static_at(batch_size)
     host, throughput = host_and_throughput(HostInputs(
         spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
         prepared.target.gpu, measurement), progress)
     return _report(prepared, device, static, host, throughput)
+
+
+def _batch_plan(prepared: PreparedStep, usable: int, parallel: ParallelSpec | None) -> BatchPlan:
+    """The batch plan: searched by tracing; a pipeline's on the line through two traced
+    batches (a trace runs every microbatch, so large batches are not traced)."""
+    if parallel is None or parallel.pp == 1:
+        return plan_batch_in_steps(prepared.device_report, usable, 1)
+    low, high = parallel.line_batches
+    return plan_batch_on_line(prepared.device_report, usable, parallel.batch_step, low, high)
+
+
+def _reported_batch(plan: BatchPlan | None, parallel: ParallelSpec | None, step: int) -> int:
+    """The batch reported when none was given: the plan's largest, but for a pipeline no
+    more than its line's upper traced batch (the plan still gives the largest)."""
+    if plan is None or not plan.max_batch_size:
+        return step
+    if parallel is not None and parallel.pp > 1:
+        return min(plan.max_batch_size, parallel.line_batches[1])
+    return plan.max_batch_size
 
 
 def _card_fits(prepared: PreparedStep) -> list[CardFit]:

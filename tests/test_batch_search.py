@@ -80,3 +80,34 @@ def test_each_point_keeps_the_phase_peaks_of_its_report():
         assert point.allocated_bytes == point.total_bytes // 2
         assert point.compute_peak_bytes == point.total_bytes // 3
         assert point.optimizer_peak_bytes == point.total_bytes // 4
+
+
+def test_a_search_in_steps_answers_the_largest_multiple_that_fits():
+    from memcalc.device.batch_search import plan_batch_in_steps
+
+    def total_at(batch):
+        return 2 * 2**30 + batch * 300 * 2**20
+
+    asked = []
+    plan = plan_batch_in_steps(lambda b: asked.append(b) or _report(total_at(b)), USABLE, 6)
+    assert all(batch % 6 == 0 for batch in asked)   # 1F1B over 6 stages: never fewer microbatches
+    assert plan.max_batch_size == _largest_fitting(total_at, USABLE) // 6 * 6 == 264
+    assert all(point.batch_size % 6 == 0 for point in plan.points)
+    assert plan.per_sample_bytes == pytest.approx(300 * 2**20, rel=1e-6)
+
+
+def test_a_line_plan_solves_for_the_budget_with_the_reserve_as_traced():
+    """Allocated = 1 GiB + 100 MiB per sample, reserved 1.25 × allocated, context 500 MiB:
+    the largest batch is (usable - context) / 1.25, less the fixed part, over the slope."""
+    from memcalc.device.batch_search import plan_batch_on_line
+
+    def report(batch):
+        allocated = 2**30 + batch * 100 * 2**20
+        return SimpleNamespace(peak_allocated_bytes=allocated, context_bytes=500 * 2**20,
+                               total_bytes=int(1.25 * allocated) + 500 * 2**20,
+                               compute_peak_bytes=allocated, optimizer_peak_bytes=allocated)
+
+    plan = plan_batch_on_line(report, USABLE, 4, 8, 12)
+    exact = ((USABLE - 500 * 2**20) / 1.25 - 2**30) / (100 * 2**20)
+    assert plan.max_batch_size == int(exact) // 4 * 4
+    assert not plan.confirmed and plan.fit_batches == (8, 12)

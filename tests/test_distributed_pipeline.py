@@ -136,3 +136,23 @@ def test_the_command_line_traces_a_pipeline_and_refuses_a_bad_one_in_one_line():
     assert result.exit_code == 2
     assert result.output.startswith("Error:") and "--pp" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipelines_batch_line_predicts_a_traced_batch_far_beyond_it(schedule):
+    """A pipeline's batch plan traces 2 and 3 microbatches per stage and extends the line:
+    each microbatch adds its receive buffers (and, under GPipe, its activations). The line
+    holds at 5 times the upper traced batch, traced there."""
+    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=2, pp_schedule=schedule)
+    spec = TrainingSpec(model="llama_7b", model_args=DEEP_LLAMA, sample_shape=(SEQUENCE,),
+                        device="cuda", gpu_memory_bytes=64 * 2**30, parallel=parallel)
+    plan = estimate(spec).device.plan
+    low, high = parallel.line_batches
+    assert plan.fit_batches == (low, high) and not plan.confirmed
+    far = 5 * high
+    traced = estimate(spec.with_changes(batch_size=far, gpu_memory_bytes=None)).device
+    low_point, high_point = plan.points
+    slope = (high_point.allocated_bytes - low_point.allocated_bytes) / (high - low)
+    on_line = low_point.allocated_bytes + slope * (far - low)
+    assert traced.peak_allocated_bytes == pytest.approx(on_line, rel=0.005)
+    assert plan.max_batch_size > far and plan.max_batch_size % parallel.batch_step == 0

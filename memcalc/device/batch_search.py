@@ -62,6 +62,57 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
                  fitting), reports
 
 
+def plan_batch_in_steps(report_at: Callable[[int], DeviceReport], usable_bytes: int,
+                        step: int) -> BatchPlan:
+    """``plan_batch`` over batches that are multiples of ``step`` (a pipeline's 1F1B
+    schedule needs at least a microbatch per stage): the search runs in steps and its plan
+    is given in samples."""
+    plan, _ = plan_batch(lambda steps: report_at(steps * step), usable_bytes)
+    if step == 1:
+        return plan
+    return _in_samples(plan, step)
+
+
+def _in_samples(plan: BatchPlan, step: int) -> BatchPlan:
+    return plan.model_copy(update={
+        "per_sample_bytes": round(plan.per_sample_bytes / step),
+        "fit_batches": tuple(batch * step for batch in plan.fit_batches),
+        "max_batch_size": plan.max_batch_size * step,
+        "points": [point.model_copy(update={"batch_size": point.batch_size * step})
+                   for point in plan.points]})
+
+
+def plan_batch_on_line(report_at: Callable[[int], DeviceReport], usable_bytes: int,
+                       step: int, low: int, high: int) -> BatchPlan:
+    """The largest batch (a multiple of ``step``) of a step whose live bytes grow linearly
+    with the batch from ``low`` on (a pipeline rank: each microbatch adds its receive
+    buffers, and under GPipe its activations; what is in flight stops growing), on the
+    line through the traces at ``low`` and ``high``: live bytes on the line, the allocator's
+    reserve as at ``high`` (reserved ÷ allocated). Not ``confirmed``: no trace at the
+    answer, whose trace would run every one of its microbatches. Below ``low`` the plan
+    is searched by tracing (those traces are short)."""
+    at_low, at_high = report_at(low), report_at(high)
+    if at_low.total_bytes > usable_bytes:
+        return plan_batch_in_steps(report_at, usable_bytes, step)
+    slope = (at_high.peak_allocated_bytes - at_low.peak_allocated_bytes) / (high - low)
+    start = at_low.peak_allocated_bytes - slope * low
+    context = at_high.context_bytes
+    reserve = (at_high.total_bytes - context) / max(at_high.peak_allocated_bytes, 1)
+    budget = (usable_bytes - context) / reserve
+    largest = MAX_BATCH if slope <= 0 else int((budget - start) // slope)
+    largest = max(low, min(largest, MAX_BATCH) // step * step)
+    points = [PlanPoint(batch_size=batch, total_bytes=report.total_bytes,
+                        fits=report.total_bytes <= usable_bytes,
+                        allocated_bytes=report.peak_allocated_bytes,
+                        compute_peak_bytes=report.compute_peak_bytes,
+                        optimizer_peak_bytes=report.optimizer_peak_bytes)
+              for batch, report in ((low, at_low), (high, at_high))]
+    per_sample = round(slope * reserve)
+    return BatchPlan(usable_bytes=usable_bytes, model_bytes=at_low.total_bytes - low * per_sample,
+                     per_sample_bytes=per_sample, fit_batches=(low, high),
+                     max_batch_size=largest, confirmed=False, points=points)
+
+
 def _few_fit(report: DeviceReport, usable_bytes: int) -> bool:
     """Batch 1's bytes that grow with the batch (activations, inputs, temporaries) say that
     batch ``FIT_BATCHES[1]`` would not fit: the search walks up from batch 2 instead of

@@ -91,6 +91,21 @@ class ParallelSpec(BaseModel):
         return 2 if self.pp > 1 and self.pp_schedule is PipelineSchedule.INTERLEAVED else 1
 
     @property
+    def batch_step(self) -> int:
+        """Local batches come in multiples of this: torch's 1F1B-family schedules need at
+        least one microbatch per stage (GPipe and jobs without a pipeline: 1)."""
+        if self.pp == 1 or self.pp_schedule is PipelineSchedule.GPIPE:
+            return 1
+        return self.microbatch_size * self.pp * self.stages_per_rank
+
+    @property
+    def line_batches(self) -> tuple[int, int]:
+        """The two batches a pipeline's batch plan traces: 2 and 3 microbatches per stage,
+        where every rank's live bytes already grow linearly with the microbatches."""
+        unit = self.microbatch_size * self.pp * self.stages_per_rank
+        return 2 * unit, 3 * unit
+
+    @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
 

@@ -132,8 +132,10 @@ def _plan_panel(report: Report) -> Panel:
         state = "confirmed" if plan.confirmed else "NOT confirmed"
         if plan.max_batch_size in static:
             state = "STATIC lower bound, fit unknown: NOT confirmed"
+        traced_there = any(point.batch_size == plan.max_batch_size for point in plan.points)
         lines.append(f"[bold]largest batch that fits: {plan.max_batch_size}[/] ({state} by "
-                     "tracing it and the next one up)")
+                     "tracing it and the next one up" + ("" if traced_there or plan.confirmed
+                                                          else "; on the line") + ")")
     untrainable = {point.batch_size for point in plan.points if point.method == UNTRAINABLE}
     traced = ", ".join(
         f"{point.batch_size}: cannot train at this batch (its trace fails where larger ones "

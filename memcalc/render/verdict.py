@@ -35,7 +35,11 @@ def verdict_line(report: Report) -> str:
     largest = device.max_batch_size
     verdict = "FITS" if device.fits else "DOES NOT FIT"
     if largest:
-        return f"{verdict}{on}: {needs} / {usable} usable (max batch {largest})"
+        lined = device.plan is not None and not device.plan.confirmed and (
+            largest > max(device.plan.fit_batches))
+        kind = ", on the line through traced batches " + " and ".join(
+            map(str, device.plan.fit_batches)) if lined else ""
+        return f"{verdict}{on}: {needs} / {usable} usable (max batch {largest}{kind})"
     return f"{verdict}{on}: {needs} / {usable} usable" + ("" if device.fits else "; memcalc plan")
 
 
