@@ -13,6 +13,7 @@ from memcalc.device.card_fit import COMMON_CARDS, card_fits
 from memcalc.device.estimate import DeviceTarget
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
+from memcalc.model.build import built_for_real
 from memcalc.device.report import BatchPlan, CardFit, DeviceReport, StaticEstimate
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.device.static import layer_table
@@ -142,7 +143,10 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            halo_exchange_bytes=device.halo_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes)
         + bounded_size_assumptions(device.bounded_sizes)
-        + attention_assumptions(device.attention_backends, prepared.target.gpu),
+        + attention_assumptions(device.attention_backends, prepared.target.gpu)
+        + (["the model's constructor computes with its own layers (a forward to probe its "
+            "strides), which meta weights cannot: it was built for real on the CPU, then "
+            "copied to meta"] if built_for_real(prepared.model) else []),
         unsupported=step_unsupported(spec, checkpoint_blocks=blocks,
                                      table_error=prepared.table_error,
                                      trace_error=prepared.trace_error_at(device.batch_size),

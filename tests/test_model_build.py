@@ -105,3 +105,31 @@ def test_overlapping_builds_leave_nn_module_as_it_was_and_other_threads_alone():
     assert [layer.weight.device.type for layer in built] == ["meta", "meta"]
     assert (nn.Module.register_parameter, nn.Module.register_buffer, nn.Module.to,
             nn.Module.cuda) == originals
+
+
+def test_a_constructor_that_runs_its_layers_is_built_for_real_and_said_so():
+    """YOLO-style: the constructor runs a forward on zeros to find its strides, which fails
+    with meta weights; it is built for real (small), copied to meta, and the report says so."""
+    from memcalc.model.build import built_for_real
+    from memcalc.pipeline import estimate
+    from memcalc.specs import TrainingSpec
+
+    model = resolve_model("tests.fixtures.user_builders:StrideProbed", {}).build_meta()
+    assert built_for_real(model)
+    assert all(p.device.type == "meta" for p in model.parameters())
+    report = estimate(TrainingSpec(model="tests.fixtures.user_builders:StrideProbed",
+                                   sample_shape=(3, 64, 64), device="cpu", batch_size=2))
+    assert report.device.method == "traced"
+    assert any("built for real on the CPU" in line for line in report.assumptions)
+
+
+def test_a_real_build_is_stopped_at_its_limit_before_it_fills_the_host():
+    import resource
+
+    from memcalc.errors import ModelSourceError
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(ModelSourceError, match="too many to build for real"):
+        resolve_model("tests.fixtures.user_builders:huge_stride_probed", {}).build_meta()
+    grown_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kib < 1 << 20          # its 1.6 GB of parameters were never filled

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -47,7 +48,12 @@ def _is_cuda(device: Any) -> bool:
 
 
 class _CpuConstruction(TorchFunctionMode):
-    """Redirects ``cuda`` to ``cpu`` and sends large factory tensors to ``meta``."""
+    """Redirects ``cuda`` to ``cpu`` and sends large factory tensors to ``meta`` (unless
+    ``large_on_meta`` is off: the real build)."""
+
+    def __init__(self, large_on_meta: bool = True) -> None:
+        super().__init__()
+        self.large_on_meta = large_on_meta
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
@@ -57,7 +63,8 @@ class _CpuConstruction(TorchFunctionMode):
             kwargs["device"] = "cpu"
         if func is torch.Tensor.to:
             args = _device_args_on_cpu(args, first=1)
-        if func in _FACTORIES and kwargs.get("device") in (None, "cpu") and _large(args, kwargs):
+        if (self.large_on_meta and func in _FACTORIES and kwargs.get("device") in (None, "cpu")
+                and _large(args, kwargs)):
             kwargs["device"] = "meta"
         return func(*args, **kwargs)
 
@@ -90,9 +97,12 @@ def _meta_parameter(param: nn.Parameter) -> nn.Parameter:
 
 
 class _Building(threading.local):
-    """How many builds this thread is inside: the hooks act for these threads only."""
+    """How many builds this thread is inside: the hooks act for these threads only. In a
+    real build (``counting``) states stay where they are and their bytes are counted."""
 
     depth = 0
+    counting = False
+    counted = 0
 
 
 _BUILDING = _Building()
@@ -115,13 +125,19 @@ def _install_hooks() -> tuple:
     def parameter_on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
         register_parameter(module, name, param)
         if _building() and param is not None and param.device.type != "meta":
-            module._parameters[name] = _meta_parameter(param)
+            if _BUILDING.counting:
+                _count(param)
+            else:
+                module._parameters[name] = _meta_parameter(param)
 
     def buffer_on_meta(module: nn.Module, name: str, tensor: torch.Tensor | None,
                        persistent: bool = True) -> None:
         register_buffer(module, name, tensor, persistent)
         if _building() and tensor is not None and tensor.device.type != "meta":
-            module._buffers[name] = tensor.to("meta")
+            if _BUILDING.counting:
+                _count(tensor)
+            else:
+                module._buffers[name] = tensor.to("meta")
 
     def cuda_kept(module: nn.Module, device: Any = None) -> nn.Module:
         return module if _building() else module_cuda(module, device)
@@ -163,7 +179,54 @@ def _registrations_on_meta() -> Iterator[None]:
                 _HOOKS["originals"] = None
 
 
+BUILD_FOR_REAL_LIMIT_BYTES = 1 << 30
+"""Most parameter and buffer bytes a constructor may hold when it is built for real (its
+constructor computes with its own layers: YOLO's stride probe)."""
+
+_BUILT_FOR_REAL: weakref.WeakSet = weakref.WeakSet()
+
+
+class BuildTooLargeError(RuntimeError):
+    """A real build passed ``BUILD_FOR_REAL_LIMIT_BYTES`` (it was stopped there)."""
+
+
+def _count(tensor: torch.Tensor) -> None:
+    _BUILDING.counted += tensor.untyped_storage().nbytes()
+    if _BUILDING.counted > BUILD_FOR_REAL_LIMIT_BYTES:
+        raise BuildTooLargeError(
+            f"its constructor runs its own layers (it needs real parameters) and its "
+            f"parameters pass {BUILD_FOR_REAL_LIMIT_BYTES >> 20} MiB, too many to build for "
+            "real; build the model without the probe (or give its builder a flag for it)")
+
+
 def build_with_meta_states(factory: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-    """``factory(**kwargs)`` run on the CPU with every parameter and buffer on ``meta``."""
-    with _registrations_on_meta(), _CpuConstruction():
-        return factory(**kwargs)
+    """``factory(**kwargs)`` run on the CPU with every parameter and buffer on ``meta``.
+    A constructor that computes with its own layers (a forward on zeros to find its strides,
+    which fails with meta weights) is built again for real on the CPU, as long as its states
+    stay within ``BUILD_FOR_REAL_LIMIT_BYTES`` (counted as they are registered, stopped
+    there); ``built_for_real`` then says so."""
+    try:
+        with _registrations_on_meta(), _CpuConstruction():
+            return factory(**kwargs)
+    except Exception as error:  # the user's constructor
+        if "meta" not in str(error):
+            raise
+    _BUILDING.counting, _BUILDING.counted = True, 0
+    try:
+        with _registrations_on_meta(), _CpuConstruction(large_on_meta=False):
+            model = factory(**kwargs)
+    finally:
+        _BUILDING.counting, _BUILDING.counted = False, 0
+    mark_built_for_real(model)
+    return model
+
+
+def mark_built_for_real(model: Any) -> None:
+    """Note that ``model`` (or its meta copy) was built for real."""
+    if isinstance(model, nn.Module):
+        _BUILT_FOR_REAL.add(model)
+
+
+def built_for_real(model: nn.Module) -> bool:
+    """``model`` came from a constructor that had to be built for real on the CPU."""
+    return model in _BUILT_FOR_REAL

@@ -20,7 +20,8 @@ from memcalc.errors import (
     first_line,
     user_frame,
 )
-from memcalc.model.build import build_with_meta_states
+from memcalc.model.build import (BuildTooLargeError, build_with_meta_states,
+                                  built_for_real, mark_built_for_real)
 from memcalc.model.user_code import import_callable
 from models_zoo import ZOO
 
@@ -43,6 +44,9 @@ class ModelSource:
             model = build_with_meta_states(self.factory, self.kwargs)
         except MemcalcError:
             raise
+        except BuildTooLargeError as error:
+            raise ModelSourceError(f"model {self.name!r} cannot be built here: {error}"
+                                   ) from None
         except SystemExit as error:
             raise UserCodeError(f"model {self.name!r}: its builder called sys.exit"
                                 f"({error.code!r}){at_user_frame(error)}; it must return the model"
@@ -63,7 +67,10 @@ class ModelSource:
         # states made before the call (the factory returned a model the caller holds) or
         # assigned around the hooks: copied to meta, the caller's model left as it is
         try:
-            return meta_twin(model)
+            twin = meta_twin(model)
+            if built_for_real(model):
+                mark_built_for_real(twin)
+            return twin
         except Exception as error:  # deepcopy of user objects (locks, generators) may fail
             raise ModelSourceError(
                 f"{self.name!r} returned a model with real weights that cannot be copied "
