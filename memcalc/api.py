@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 from torch import nn
 
-from memcalc.process_defaults import default_start_method_kept, sys_path_kept
+from memcalc.process_defaults import caller_process_kept, default_start_method_kept
 from memcalc.api_errors import argument_error
 from memcalc.errors import InputError, MemoryBudgetError, UntracedEstimateError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
@@ -56,7 +56,7 @@ def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
     """Memory of one training step (and, with ``gpu``/``gpu_memory_bytes``, the largest batch;
     host RAM and DataLoader workers always). ``isolate=True`` traces in a child process with
     a ``timeout_s`` limit, so a crash in the model's code cannot kill a notebook kernel."""
-    with sys_path_kept(), model_reference(model) as name:
+    with caller_process_kept(), model_reference(model) as name:
         spec = training_spec(name, sample_shape, batch_size=batch_size, **options)
         return estimate_isolated(spec, timeout_s) if isolate else estimate_spec(spec)
 
@@ -71,7 +71,7 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
                               max_gpus=max_gpus)
     except ValidationError as error:
         raise argument_error(error, (ClusterSpec,)) from None
-    with sys_path_kept(), model_reference(model) as name:
+    with caller_process_kept(), model_reference(model) as name:
         return plan_spec(training_spec(name, sample_shape, gpu=gpu, **options), cluster)
 
 
@@ -140,7 +140,7 @@ def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batc
     loader = dict(options.pop("loader", {}) or {})
     if num_workers is not None:
         loader["num_workers"] = num_workers
-    with sys_path_kept(), model_reference(model) as name:
+    with caller_process_kept(), model_reference(model) as name:
         spec = training_spec(name, sample_shape, batch_size=batch_size, gpu=gpu,
                              gpu_memory_bytes=gpu_memory_bytes, loader=loader, **options)
         return check_spec(spec)

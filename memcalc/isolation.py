@@ -22,7 +22,7 @@ import time
 
 import psutil
 
-from memcalc.process_defaults import default_start_method_kept
+from memcalc.process_defaults import default_start_method_kept, resource_tracker_kept
 from memcalc.errors import InputError, TraceError, UserCodeError
 from memcalc.host.procmem import tree_pids
 from memcalc.model.source import OBJECT_PREFIX
@@ -61,18 +61,19 @@ def estimate_isolated(spec: TrainingSpec, timeout_s: float = DEFAULT_TIMEOUT_S) 
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=_child, args=(spec, sender), daemon=True)
-    with default_start_method_kept():
-        process.start()
-    sender.close()
-    try:
-        _wait_within_limits(receiver, process.pid, timeout_s, real_memory_cap_bytes())
-        kind, payload = receiver.recv()
-    except EOFError:
-        process.join()
-        raise TraceError(_why_it_died(process.exitcode)) from None
-    finally:
-        receiver.close()
-        _kill_group(process)
+    with resource_tracker_kept():      # stopped once the child is gone
+        with default_start_method_kept():
+            process.start()
+        sender.close()
+        try:
+            _wait_within_limits(receiver, process.pid, timeout_s, real_memory_cap_bytes())
+            kind, payload = receiver.recv()
+        except EOFError:
+            process.join()
+            raise TraceError(_why_it_died(process.exitcode)) from None
+        finally:
+            receiver.close()
+            _kill_group(process)
     if kind == "user":
         raise UserCodeError(f"in the isolated process: {payload}")
     if kind == "error":
@@ -117,6 +118,7 @@ def _kill_group(process) -> None:
     if process.is_alive():
         process.kill()
     process.join()
+    process.close()      # its sentinel pipe, which would stay open in the caller
 
 
 def _why_it_died(exitcode: int | None) -> str:

@@ -37,9 +37,12 @@ def register_html_formatters(formatter: Any = None) -> bool:
 def _lazy_renderer(name: str):
     """The HTML renderer ``name``, imported when the first report is displayed."""
     def render(value: Any) -> str:
-        from memcalc.render import html
+        from memcalc.process_defaults import random_states_kept
 
-        return getattr(html, name)(value)
+        with random_states_kept():      # rich draws from Python's when first imported
+            from memcalc.render import html
+
+            return getattr(html, name)(value)
 
     render.__name__ = name
     return render

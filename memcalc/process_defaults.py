@@ -1,5 +1,5 @@
 """What a library call leaves of the caller's process defaults: the multiprocessing start
-method and ``sys.path``, kept as they were.
+method, ``sys.path`` and the random streams (Python's, numpy's, torch's), kept as they were.
 
 Starting a process from an explicit context (``get_context("spawn")``) still fixes the
 *default* start method as a side effect: the child's preparation data asks
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import random
 import sys
 from collections.abc import Iterator
 
@@ -36,3 +37,49 @@ def sys_path_kept() -> Iterator[None]:
     finally:
         if sys.path != before:
             sys.path[:] = before
+
+
+@contextlib.contextmanager
+def random_states_kept() -> Iterator[None]:
+    """Python's, numpy's and torch's CPU random states as they were after the block: what it
+    draws (a DataLoader's base seed, a library that seeds an id counter when imported —
+    rich's styles do) does not move the caller's seeded streams. numpy and torch are only
+    looked at when already imported."""
+    python = random.getstate()
+    numpy = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    torch_state = torch.get_rng_state() if torch is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(python)
+        if numpy_state is not None:
+            numpy.random.set_state(numpy_state)
+        if torch_state is not None:
+            torch.set_rng_state(torch_state)
+
+
+@contextlib.contextmanager
+def caller_process_kept() -> Iterator[None]:
+    """Every default above kept around a public call."""
+    with sys_path_kept(), default_start_method_kept(), random_states_kept():
+        yield
+
+
+@contextlib.contextmanager
+def resource_tracker_kept() -> Iterator[None]:
+    """Starting a spawned child starts multiprocessing's resource tracker (a process, and a
+    pipe to it held by the caller) when none runs: stopped again after the block, which
+    must end after the children it started are gone (the tracker ends when every holder of
+    its pipe has closed it) and must not have registered semaphores (a process pool's
+    queues do: the plan's pool leaves the tracker running)."""
+    from multiprocessing import resource_tracker
+
+    tracker = resource_tracker._resource_tracker
+    running = tracker._fd is not None
+    try:
+        yield
+    finally:
+        if not running and tracker._fd is not None:
+            tracker._stop()

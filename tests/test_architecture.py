@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memcalc"
 
 # Lowest first. A module may import its own layer and those below, never one above.
 LAYERS = [
-    ("memcalc.errors", "memcalc.units", "memcalc.dtypes"),
+    ("memcalc.errors", "memcalc.units", "memcalc.dtypes", "memcalc.process_defaults"),
     ("memcalc.specs", "memcalc.host.specs", "memcalc.strategies.specs",
      "memcalc.distributed.specs"),
     ("memcalc.model",),
@@ -24,7 +24,7 @@ LAYERS = [
     ("memcalc.report",),
     ("memcalc.strategies",),
     ("memcalc.render",),
-    ("memcalc.pipeline", "memcalc.prepared_step", "memcalc.isolation", "memcalc.process_defaults", "memcalc.report_pool", "memcalc.early_workers", "memcalc.api",
+    ("memcalc.pipeline", "memcalc.prepared_step", "memcalc.isolation", "memcalc.report_pool", "memcalc.early_workers", "memcalc.api",
      "memcalc.api_errors", "memcalc.notebook",
      "memcalc.calibration", "memcalc.cli", "memcalc.__init__", "memcalc.__main__"),
 ]

@@ -21,6 +21,8 @@ from typing import NamedTuple
 from pydantic import BaseModel, ConfigDict
 from torch.utils.data import DataLoader
 
+from memcalc.process_defaults import caller_process_kept
+from memcalc.trace._torch_internals import dataloader_signals_kept
 from memcalc.errors import InputError
 from memcalc.feed.model import slow_handover_warning, utilization
 from memcalc.host.handover import Handover, median_take, time_handover
@@ -154,6 +156,18 @@ def _steps(batches, step: Callable[[float], None], step_s: float, count: int) ->
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
                seconds_per_sample: float, cpus: int, batches: int = 20, consumer: str = "spin",
                progress: Callable[[int], None] | None = None) -> FeedCheck:
+    """The real DataLoader of ``reference`` at each worker count against a simulated step;
+    the caller's random streams, start method, ``sys.path`` and SIGCHLD handler are left
+    as they were (``memcalc.process_defaults``)."""
+    with caller_process_kept(), dataloader_signals_kept():
+        return _feed_check(reference, batch_size, step_s, worker_counts,
+                           seconds_per_sample=seconds_per_sample, cpus=cpus, batches=batches,
+                           consumer=consumer, progress=progress)
+
+
+def _feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
+                seconds_per_sample: float, cpus: int, batches: int, consumer: str,
+                progress: Callable[[int], None] | None) -> FeedCheck:
     if consumer not in CONSUMERS:
         raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
     dataset = load_dataset(reference)

@@ -209,7 +209,7 @@ def build_with_meta_states(factory: Callable[..., Any], kwargs: dict[str, Any]) 
         with _registrations_on_meta(), _CpuConstruction():
             return factory(**kwargs)
     except Exception as error:  # the user's constructor
-        if "meta" not in str(error):
+        if not _meta_refused(error):
             raise
     _BUILDING.counting, _BUILDING.counted = True, 0
     try:
@@ -219,6 +219,14 @@ def build_with_meta_states(factory: Callable[..., Any], kwargs: dict[str, Any]) 
         _BUILDING.counting, _BUILDING.counted = False, 0
     mark_built_for_real(model)
     return model
+
+
+def _meta_refused(error: Exception) -> bool:
+    """The error is about meta tensors (a user's exception may not even print)."""
+    try:
+        return "meta" in str(error)
+    except Exception:  # its __str__ raised
+        return False
 
 
 def mark_built_for_real(model: Any) -> None:

@@ -5,6 +5,8 @@ Each axis is in the IEC unit its largest value reads best in."""
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from pathlib import Path
 
@@ -46,6 +48,25 @@ def unit_for(largest_bytes: float) -> tuple[str, int]:
 def plot_report(report: Report, path: str | Path | None = None):
     """The pictures side by side (2×2 with a capacity, else three in a row); written to
     ``path`` when given (``memcalc.plot``, ``memcalc estimate --plot``)."""
+    with _font_files_closed():
+        return _plot_report(report, path)
+
+
+@contextlib.contextmanager
+def _font_files_closed():
+    """matplotlib keeps the font files it opened for the process (a cache): closed again
+    when this call was the one to open them, so no file stays open in the caller."""
+    from matplotlib import font_manager
+
+    cached = font_manager._get_font.cache_info().currsize
+    try:
+        yield
+    finally:
+        if cached == 0:
+            font_manager._get_font.cache_clear()
+
+
+def _plot_report(report: Report, path: str | Path | None):
     panels = [plot_breakdown, plot_batch, plot_timeline, plot_top_modules]
     if report.device.plan is None:
         panels.remove(plot_batch)

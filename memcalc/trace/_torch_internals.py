@@ -639,3 +639,26 @@ def pipeline_sends_held() -> Iterator[None]:
         yield
     finally:
         schedules._batch_p2p = original
+
+
+@contextlib.contextmanager
+def dataloader_signals_kept() -> Iterator[None]:
+    """torch's DataLoader installs a SIGCHLD handler the first time a process iterates one
+    with workers, and marks that it did (so it never installs it again): both undone after
+    the block, so the caller's process is as a fresh one (its own first loader installs
+    torch's handler as usual). Signal handlers belong to the main thread: elsewhere nothing
+    can have been installed, and nothing is done."""
+    import signal
+    import threading
+
+    from torch.utils.data._utils import signal_handling
+
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.getsignal(signal.SIGCHLD) if main else None
+    installed = signal_handling._SIGCHLD_handler_set
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGCHLD, handler)
+            signal_handling._SIGCHLD_handler_set = installed

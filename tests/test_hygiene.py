@@ -1,0 +1,213 @@
+"""A pre-flight leaves the caller's process as it found it: the process is snapshotted before
+and after each public call (torch modes and flags, every random stream, ``nn.Module``'s
+methods, the multiprocessing context, signal handlers, environment, ``sys.path``, logging,
+warnings filters, threads, child processes, open files, /dev/shm, the working directory, the
+user's model's tensors) and any difference fails the test."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import multiprocessing
+import os
+import random
+import signal
+import sys
+import threading
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import memcalc
+from memcalc.errors import MemcalcError
+
+TINY = dict(model_args=dict(in_features=32, hidden=32, depth=1), device="cpu")
+CUDA_TINY = dict(model_args=dict(in_features=32, hidden=32, depth=1), gpu="T4")
+SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP,
+           signal.SIGUSR1]
+MODULE_METHODS = ("register_parameter", "register_buffer", "register_module", "to", "cuda",
+                  "__call__", "__setattr__", "__getattr__", "_apply", "train", "eval")
+
+
+def _files(folder: str) -> frozenset[str]:
+    try:
+        return frozenset(os.listdir(folder))
+    except OSError:
+        return frozenset()
+
+
+def _shm() -> frozenset[str]:
+    """/dev/shm, less the segments of other live processes (torch names them
+    ``torch_<pid>_…``): a leftover of this process or of a child it started and lost stays."""
+    def foreign(name: str) -> bool:
+        parts = name.split("_")
+        if len(parts) < 3 or parts[0] != "torch" or not parts[1].isdigit():
+            return False
+        pid = int(parts[1])
+        return pid != os.getpid() and os.path.exists(f"/proc/{pid}")
+    return frozenset(name for name in _files("/dev/shm") if not foreign(name))
+
+
+def _loggers() -> dict:
+    loggers = {"": logging.getLogger()}
+    loggers.update({name: logger for name, logger in logging.Logger.manager.loggerDict.items()
+                    if isinstance(logger, logging.Logger)})
+    return {name: (logger.level, tuple(logger.handlers), logger.propagate, logger.disabled)
+            for name, logger in loggers.items()}
+
+
+def snapshot() -> dict:
+    """What a caller would notice had changed."""
+    return {
+        "grad": torch.is_grad_enabled(), "inference": torch.is_inference_mode_enabled(),
+        "autocast cpu": torch.is_autocast_enabled("cpu"),
+        "autocast dtype": torch.get_autocast_dtype("cpu"),
+        "default dtype": torch.get_default_dtype(),
+        "default device": torch.empty(0).device,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "threads": torch.get_num_threads(),
+        "anomaly": torch.is_anomaly_enabled(),
+        "torch rng": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest(),
+        "numpy rng": hashlib.sha1(repr(np.random.get_state()).encode()).hexdigest(),
+        "python rng": hash(random.getstate()),
+        "module methods": {name: getattr(nn.Module, name) for name in MODULE_METHODS},
+        "start method": multiprocessing.get_start_method(allow_none=True),
+        "signals": {sig: signal.getsignal(sig) for sig in SIGNALS},
+        "env": dict(os.environ), "sys.path": list(sys.path), "cwd": os.getcwd(),
+        "cwd files": _files(os.getcwd()), "shm": _shm(),
+        "loggers": _loggers(), "warnings": list(warnings.filters),
+        "live threads": {thread.name for thread in threading.enumerate()},
+        "children": {child.pid for child in multiprocessing.active_children()},
+        "fds": _files("/proc/self/fd"),
+        "distributed": torch.distributed.is_available() and torch.distributed.is_initialized(),
+    }
+
+
+def _differences(before: dict, after: dict) -> dict:
+    """What changed; loggers that a first import made (matplotlib's, at their defaults) are
+    new, not changed: only the loggers that were there before are compared."""
+    after = {**after, "loggers": {name: value for name, value in after["loggers"].items()
+                                  if name in before["loggers"]}}
+    return {key: (before[key], after[key]) for key in before if before[key] != after[key]}
+
+
+def _model_hash(model: nn.Module) -> str:
+    digest = hashlib.sha1()
+    for name, tensor in (*model.named_parameters(), *model.named_buffers()):
+        digest.update(name.encode() + str(tensor.device).encode())
+        digest.update(tensor.detach().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _user_model() -> nn.Module:
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 8))
+
+
+def _expecting(error: type[BaseException], call):
+    def run():
+        with pytest.raises(error):
+            call()
+    return run
+
+
+def _in_threads():
+    threads = [threading.Thread(target=memcalc.estimate, args=("mlp", (32,)), kwargs=TINY)
+               for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def _in_event_loop():
+    async def main():
+        return memcalc.estimate("mlp", (32,), **TINY)
+
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main())
+    finally:
+        loop.close()
+
+
+def _notebook_display():
+    from memcalc.notebook import _lazy_renderer
+
+    report = memcalc.estimate("mlp", (32,), **TINY)
+    assert "<table" in _lazy_renderer("report_html")(report)
+
+
+def _plot():
+    import tempfile
+
+    report = memcalc.estimate("mlp", (32,), **TINY)
+    with tempfile.TemporaryDirectory() as folder:
+        memcalc.plot(report, os.path.join(folder, "report.png"))
+
+
+def _feed_check():
+    from memcalc.feed.check import feed_check
+    from memcalc.host import LoaderSpec, measure_worker
+
+    dataset = "tests.fixtures.host_datasets:spin_samples"
+    sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=1), 4)
+    feed_check(dataset, 4, 0.01, [0, 1], cpus=2, batches=4,
+               seconds_per_sample=sample.feeding_seconds_per_sample)
+
+
+CALLS = {
+    "estimate": lambda: memcalc.estimate("mlp", (32,), **TINY),
+    "estimate on a GPU": lambda: memcalc.estimate("mlp", (32,), **CUDA_TINY),
+    "estimate isolated": lambda: memcalc.estimate("mlp", (32,), isolate=True, **TINY),
+    "check that fits": lambda: memcalc.check("mlp", (32,), batch_size=2, **CUDA_TINY),
+    "check that does not fit": _expecting(memcalc.MemoryBudgetError, lambda: memcalc.check(
+        "mlp", (32,), batch_size=2, gpu_memory_bytes=1 << 20, **TINY | {"device": "cuda"})),
+    "plan": lambda: memcalc.plan("mlp", (32,), gpu="T4", gpus=2, max_gpus=2,
+                                 model_args=TINY["model_args"]),
+    "bad input": _expecting(MemcalcError, lambda: memcalc.estimate("mlp", (32,),
+                                                                  batch_size=0, **TINY)),
+    "untraceable model": lambda: memcalc.estimate("tests.fixtures.hostile:forward_raises",
+                                                  (8,), device="cpu", batch_size=2),
+    "a model object": lambda: memcalc.estimate(MODEL, (32,), device="cpu", batch_size=4),
+    "a factory returning the caller's model": lambda: memcalc.estimate(
+        lambda: MODEL, (32,), device="cpu", batch_size=4),
+    "inside no_grad": lambda: _within(torch.no_grad()),
+    "inside inference_mode": lambda: _within(torch.inference_mode()),
+    "inside autocast": lambda: _within(torch.autocast("cpu", dtype=torch.bfloat16)),
+    "inside torch.device('meta')": lambda: _within(torch.device("meta")),
+    "two threads at once": _in_threads,
+    "inside an asyncio loop": _in_event_loop,
+    "notebook display": _notebook_display,
+    "plot": lambda: _plot(),
+    "feed check and worker measurement": _feed_check,
+}
+MODEL = _user_model()
+
+
+def _within(context):
+    with context:
+        memcalc.estimate("mlp", (32,), **TINY)
+
+
+KNOWN = {"plan": {"fds"}}
+"""Differences not removed yet: the plan's worker pool (spawned processes) starts
+multiprocessing's resource tracker, whose pipe stays open in the caller; its queues'
+semaphores are registered with it, so it cannot be stopped after the pool as the isolated
+estimate's is."""
+
+
+@pytest.mark.parametrize("call", list(CALLS))
+def test_a_public_call_leaves_the_process_as_it_found_it(call):
+    CALLS["estimate"]()              # torch's lazy imports and caches, once
+    model_before = _model_hash(MODEL)
+    before = snapshot()
+    CALLS[call]()
+    after = snapshot()
+    assert set(_differences(before, after)) <= KNOWN.get(call, set())
+    assert _model_hash(MODEL) == model_before
+    assert all(p.device.type == "cpu" for p in MODEL.parameters())
