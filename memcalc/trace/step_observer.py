@@ -21,8 +21,10 @@ LOSS_LABEL = "(loss)"
 class Cursor:
     """Where the step is now; new storages are stamped with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, safe_point=lambda: None) -> None:
         self.phase, self.iteration, self.module_stack = Phase.SETUP, 0, []
+        self.safe_point = safe_point
+        """Called where a pending Ctrl-C may be delivered (``memcalc.trace.interrupts``)."""
 
     @property
     def module_path(self) -> str:
@@ -43,6 +45,7 @@ class LedgerObserver(StepObserver):
         self.flops: StepFlops | None = None
 
     def enter(self, phase: Phase) -> None:
+        self.cursor.safe_point()
         if phase is Phase.FORWARD:
             self.first_forward_record = len(self.ledger.records)
             if self.cursor.iteration == 1:
@@ -89,6 +92,7 @@ def track_modules(model: nn.Module, cursor: Cursor) -> list:
     """Forward hooks that keep ``cursor.module_stack`` (hooks must return None)."""
 
     def enter(name: str) -> None:
+        cursor.safe_point()
         cursor.module_stack.append(name)
 
     def leave() -> None:

@@ -43,6 +43,7 @@ from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
 from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import ZeroHalos, apply_halo_exchange
+from memcalc.trace.interrupts import DeferredInterrupts
 from memcalc.trace.step import StepBody, TrainingIteration
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
@@ -166,9 +167,9 @@ def _traced(setup: StepSetup, replay: bool) -> TraceResult:
 def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
     meta_model = setup.build_meta_model()
     try:
-        with (quiet_fake_tensor_logger(), rank_of(setup.parallel, rank) as mesh,
-              fake_cpu_mode()):
-            return _trace(setup, meta_model, replay, mesh)
+        with (DeferredInterrupts() as interrupts, quiet_fake_tensor_logger(),
+              rank_of(setup.parallel, rank) as mesh, fake_cpu_mode()):
+            return _trace(setup, meta_model, replay, mesh, interrupts.check)
     except (MemcalcError, ReplayMismatch):
         raise
     except RealAllocationError as error:
@@ -187,8 +188,9 @@ def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
                          f"{at_user_frame(error)}") from error
 
 
-def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh) -> TraceResult:
-    ledger, cursor = MemoryLedger(), Cursor()
+def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
+           safe_point: Callable[[], None]) -> TraceResult:
+    ledger, cursor = MemoryLedger(), Cursor(safe_point)
 
     def on_new(storage: torch.UntypedStorage) -> StorageRecord | None:
         nbytes = storage.nbytes()
