@@ -14,6 +14,7 @@ from memcalc.device.estimate import DeviceTarget
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
 from memcalc.model.build import built_for_real
+from memcalc.model.user_hooks import clear_traced_tensors
 from memcalc.device.report import BatchPlan, CardFit, DeviceReport, StaticEstimate
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.device.static import layer_table
@@ -67,6 +68,15 @@ def _estimate(spec: TrainingSpec, progress: Progress | None,
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
     prepared = _prepare(spec, measurement, layer_tables)
+    try:
+        return _planned_report(spec, prepared, measurement, card_fits, progress)
+    finally:     # what the model's own hooks kept of the trace's tensors
+        clear_traced_tensors(prepared.model)
+
+
+def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
+                    measurement: WorkerMeasurement | None, card_fits: bool,
+                    progress: Progress | None) -> Report:
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
     plan = _batch_plan(prepared, usable, spec.parallel) if usable is not None else None
@@ -144,6 +154,9 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            offloaded_bytes=device.offloaded_bytes)
         + bounded_size_assumptions(device.bounded_sizes)
         + attention_assumptions(device.attention_backends, prepared.target.gpu)
+        + ([f"the model's own hooks failed on the trace's fake tensors ({prepared.hooks_left_out}"
+            "); the step was traced without them: what they keep is not counted"]
+           if prepared.hooks_left_out else [])
         + (["the model's constructor computes with its own layers (a forward to probe its "
             "strides), which meta weights cannot: it was built for real on the CPU, then "
             "copied to meta"] if built_for_real(prepared.model) else []),

@@ -14,6 +14,7 @@ from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.static import static_estimate
 from memcalc.errors import TraceError
 from memcalc.model.layout import LayoutDecision
+from memcalc.model.user_hooks import user_hooks, without_user_hooks
 from memcalc.specs import TrainingSpec
 from memcalc.trace.tracer import StepSetup, TraceResult, trace_training_step
 
@@ -42,6 +43,8 @@ class PreparedStep:
     """Traced steps by batch (None where tracing failed)."""
     card_targets: dict[str, DeviceTarget] = field(default_factory=dict)
     card_reports: dict[tuple[str, int], DeviceReport] = field(default_factory=dict)
+    hooks_left_out: str | None = None
+    """Why the model's own hooks were left out of the traces (they failed on fakes)."""
 
     @property
     def spec(self) -> TrainingSpec:
@@ -100,12 +103,26 @@ class PreparedStep:
                 setup = replace(self.setup,
                                 batch_shape=(batch_size, *self.layout.traced_sample_shape))
                 try:
-                    trace = trace_training_step(setup)
+                    trace = self._traced_with_or_without_hooks(setup)
                     self.output_shapes[batch_size] = trace.output_shape
                     self.traces[batch_size] = trace
                 except TraceError as error:
                     self.trace_errors[batch_size] = str(error)
         return self.traces[batch_size]
+
+    def _traced_with_or_without_hooks(self, setup: StepSetup) -> TraceResult:
+        """The step with the model's own hooks; when it fails and the model has hooks, again
+        without them (noted in ``hooks_left_out``), and from then on without them."""
+        if self.hooks_left_out is not None:
+            return trace_training_step(_hookless(setup))
+        try:
+            return trace_training_step(setup)
+        except TraceError as error:
+            if not user_hooks(self.model):
+                raise
+            trace = trace_training_step(_hookless(setup))
+            self.hooks_left_out = str(error)
+            return trace
 
     def _report(self, batch_size: int, target: DeviceTarget | None = None) -> DeviceReport:
         target = target or self.target
@@ -116,3 +133,8 @@ class PreparedStep:
             target, self.static_at(batch_size), batch_size=batch_size,
             leaf_output_elements=self.leaf_output_elements,
             dtype=self.setup.policy.parameter_dtype, uses_conv=self.has_conv)
+
+
+def _hookless(setup: StepSetup) -> StepSetup:
+    copy_of_model = setup.build_meta_model
+    return replace(setup, build_meta_model=lambda: without_user_hooks(copy_of_model()))

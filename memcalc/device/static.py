@@ -8,6 +8,7 @@ import torch
 import torchinfo
 from torch import nn
 
+from memcalc.model.user_hooks import hooks_set_aside, user_hooks
 from memcalc.device.report import LayerRow, StaticEstimate
 from memcalc.dtypes import element_size
 from memcalc.model.inputs import ModelInputs, make_call, tensors_in
@@ -46,6 +47,11 @@ def static_estimate(model: nn.Module, inputs: ModelInputs, batch_size: int,
     )
 
 
+def _summary(model: nn.Module, args: list, kwargs: dict):
+    return torchinfo.summary(model, input_data=args or None, device="meta", verbose=0,
+                             depth=LAYER_TABLE_DEPTH, **kwargs)
+
+
 def layer_table(model: nn.Module, inputs: ModelInputs
                 ) -> tuple[list[LayerRow], int | None, str | None]:
     """torchinfo's table for a batch of one on ``meta``.
@@ -58,11 +64,16 @@ def layer_table(model: nn.Module, inputs: ModelInputs
         call = make_call(model, inputs, 1)
     args, kwargs = list(call.args), call.kwargs
     try:
-        summary = torchinfo.summary(model, input_data=args or None, device="meta", verbose=0,
-                                    depth=LAYER_TABLE_DEPTH, **kwargs)
+        summary = _summary(model, args, kwargs)
     except (Exception, SystemExit) as error:  # torchinfo runs user code: a failure drops it
-        message = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-        return [], leaf_output_elements(model, args, kwargs), message
+        try:        # the model's own hooks may be what fails on meta tensors
+            if not user_hooks(model):
+                raise
+            with hooks_set_aside(model):
+                summary = _summary(model, args, kwargs)
+        except (Exception, SystemExit):
+            message = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            return [], leaf_output_elements(model, args, kwargs), message
     names = {id(module): name for name, module in model.named_modules()}
     rows, leaf_elements = [], 0
     for layer in summary.summary_list:
