@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import random
 import sys
+import warnings
 from collections.abc import Iterator
 
 
@@ -61,9 +63,31 @@ def random_states_kept() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def environment_and_warnings_kept() -> Iterator[None]:
+    """Environment variables and warnings filters that the block set (torch's lazily imported
+    modules do: the inductor's ``TORCHINDUCTOR_CACHE_DIR``, sympy's filter) taken back; what
+    the block changed of the caller's own is put back as it was."""
+    environment, filters = dict(os.environ), list(warnings.filters)
+    try:
+        yield
+    finally:
+        for name in set(os.environ) - set(environment):
+            del os.environ[name]
+        for name, value in environment.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
+        added = [entry for entry in warnings.filters if entry not in filters]
+        for entry in added:
+            warnings.filters.remove(entry)
+        if added:
+            warnings._filters_mutated()
+
+
+@contextlib.contextmanager
 def caller_process_kept() -> Iterator[None]:
     """Every default above kept around a public call."""
-    with sys_path_kept(), default_start_method_kept(), random_states_kept():
+    with (sys_path_kept(), default_start_method_kept(), random_states_kept(),
+          environment_and_warnings_kept()):
         yield
 
 

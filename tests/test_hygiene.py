@@ -211,3 +211,27 @@ def test_a_public_call_leaves_the_process_as_it_found_it(call):
     assert set(_differences(before, after)) <= KNOWN.get(call, set())
     assert _model_hash(MODEL) == model_before
     assert all(p.device.type == "cpu" for p in MODEL.parameters())
+
+
+FRESH = """
+import os, sys, warnings
+import torch
+environment, filters, path = dict(os.environ), list(warnings.filters), list(sys.path)
+import memcalc
+memcalc.estimate("mlp", (32,), model_args=dict(in_features=32, hidden=32, depth=1),
+                 device="cpu")
+changed = {k for k in set(os.environ) | set(environment) if os.environ.get(k) != environment.get(k)}
+added = [f for f in warnings.filters if f not in filters]
+print(sorted(changed), len(added), sys.path == path)
+"""
+
+
+def test_the_first_import_and_call_in_a_fresh_process_leave_env_and_warnings_alone():
+    """torch's lazily imported modules set ``TORCHINDUCTOR_CACHE_DIR`` and a sympy warnings
+    filter during a first trace: both are taken back."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-c", FRESH], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split("\n")[-2] == "[] 0 True"
