@@ -13,6 +13,9 @@ also times, once, taking one from a worker that is building its next (the GIL wa
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -159,10 +162,24 @@ def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: li
     """The real DataLoader of ``reference`` at each worker count against a simulated step;
     the caller's random streams, start method, ``sys.path`` and SIGCHLD handler are left
     as they were (``memcalc.process_defaults``)."""
-    with caller_process_kept(), dataloader_signals_kept():
+    with caller_process_kept(), dataloader_signals_kept(), _loader_threads_ended():
         return _feed_check(reference, batch_size, step_s, worker_counts,
                            seconds_per_sample=seconds_per_sample, cpus=cpus, batches=batches,
                            consumer=consumer, progress=progress)
+
+
+@contextlib.contextmanager
+def _loader_threads_ended(timeout_s: float = 10.0):
+    """The DataLoaders' queues let go (collected) and their feeder threads waited for, so
+    no thread or pipe of theirs outlives the call."""
+    before = set(threading.enumerate())
+    try:
+        yield
+    finally:
+        gc.collect()
+        deadline = time.monotonic() + timeout_s
+        for thread in set(threading.enumerate()) - before:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
