@@ -26,7 +26,7 @@ def test_bad_references(reference, message):
 
 
 def test_builder_argument_errors_name_the_model():
-    with pytest.raises(ModelSourceError, match=r"model 'mlp' rejected its arguments"):
+    with pytest.raises(ModelSourceError, match=r"model 'mlp' takes no argument 'width'"):
         resolve_model("mlp", {"width": 3}).build_meta()
 
 
@@ -98,3 +98,23 @@ def test_the_meta_twin_shares_the_users_plain_attributes():
     assert twin.layer.weight.device.type == "meta" and model.layer.weight.device.type == "cpu"
     assert twin._forward_hooks is not model._forward_hooks
     assert memcalc.estimate(model, (16,), device="cpu").device.method == "traced"
+
+
+def test_a_wrong_model_arg_names_the_accepted_ones():
+    from memcalc.errors import ModelSourceError
+
+    with pytest.raises(ModelSourceError, match=r"takes no argument 'layers'; it accepts: "
+                                               r"vocab=50257, n_positions=1024, dim=768, "
+                                               r"depth=12, heads=12"):
+        resolve_model("gpt2", {"layers": 12}).build_meta()
+
+
+def test_the_zoo_lists_each_builders_arguments_with_their_defaults():
+    import inspect
+
+    from memcalc.model.zoo_catalog import zoo_rows
+    from models_zoo import ZOO
+
+    for row in zoo_rows():
+        names = [argument.split("=")[0] for argument in row.arguments]
+        assert names == list(inspect.signature(ZOO[row.name].build).parameters)

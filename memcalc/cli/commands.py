@@ -326,10 +326,11 @@ def models(as_json: bool) -> None:
     """List the model zoo with parameter counts and default sample shapes."""
     def cells(row) -> list[str]:
         return [row.name, format_count(row.parameter_count), ",".join(map(str, row.default_shape)),
-                row.input_dtype, row.description]
+                row.input_dtype, row.description, " ".join(row.arguments)]
 
     _print_rows(zoo_rows(), as_json, "memcalc model zoo",
-                ("name", "parameters", "default shape", "input dtype", "description"), cells)
+                ("name", "parameters", "default shape", "input dtype", "description",
+                 "--model-arg (default)"), cells)
 
 
 def _print_rows(rows, as_json: bool, title: str, columns: tuple[str, ...], cells,

@@ -20,6 +20,7 @@ from memcalc.errors import (
     first_line,
     user_frame,
 )
+from memcalc.model.builder_arguments import builder_arguments, unknown_arguments
 from memcalc.model.build import (BuildTooLargeError, build_with_meta_states,
                                   built_for_real, mark_built_for_real)
 from memcalc.model.user_code import import_callable
@@ -40,6 +41,12 @@ class ModelSource:
         """Call the factory once on the CPU with its parameters and buffers on ``meta``
         (``memcalc.model.build``); check it returns a Module. Whatever the user's code raises
         becomes a ModelSourceError naming it."""
+        unknown = unknown_arguments(self.factory, self.kwargs)
+        if unknown:
+            accepted = ", ".join(builder_arguments(self.factory)) or "none"
+            raise ModelSourceError(f"model {self.name!r} takes no argument "
+                                   f"{', '.join(map(repr, unknown))}; it accepts: {accepted} "
+                                   "(--model-arg NAME=VALUE)")
         try:
             model = build_with_meta_states(self.factory, self.kwargs)
         except MemcalcError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from memcalc.model.builder_arguments import builder_arguments
 from models_zoo import ZOO
 
 
@@ -16,6 +17,8 @@ class ZooRow(BaseModel):
     default_shape: tuple[int, ...]
     input_dtype: str
     description: str
+    arguments: list[str] = []
+    """What ``--model-arg`` may set: ``name=default``."""
 
 
 def zoo_rows() -> list[ZooRow]:
@@ -26,5 +29,6 @@ def zoo_rows() -> list[ZooRow]:
         rows.append(ZooRow(name=entry.name,
                            parameter_count=sum(p.numel() for p in model.parameters()),
                            default_shape=entry.default_shape, input_dtype=entry.input_dtype,
-                           description=entry.description))
+                           description=entry.description,
+                           arguments=builder_arguments(entry.build)))
     return rows
