@@ -608,6 +608,12 @@ def static_pipeline_warmup(schedule) -> None:
     schedule._warmup_p2p = warm_up
 
 
+def schedule_stages(schedule) -> list:
+    """The pipeline stages a schedule runs (its ``_stages``, or ``_stage`` for the
+    single-stage schedules)."""
+    return list(getattr(schedule, "_stages", None) or [schedule._stage])
+
+
 class _HeldSend:
     """A point-to-point work that keeps the tensors its batch sent for as long as the work
     itself lives, as gloo's and NCCL's works do (they hold the tensors they were given until

@@ -23,6 +23,7 @@ from memcalc.distributed.specs import ParallelSpec, PipelineSchedule
 from memcalc.errors import InputError
 from memcalc.model.inputs import ModelCall
 from memcalc.specs import LossKind
+from memcalc.trace._torch_internals import schedule_stages
 from memcalc.trace.ledger import Phase
 from memcalc.trace.losses import compute_loss, make_target, model_loss, primary_output
 from memcalc.trace.precision import cpu_autocast
@@ -121,7 +122,7 @@ class PipelineIteration:
         self._target: list[torch.Tensor | None] = []
         self._backward_began = False
         self.output_shape = output_shape
-        for stage in getattr(schedule, "_stages", None) or [schedule._stage]:
+        for stage in schedule_stages(schedule):
             stage.backward_one_chunk = self._phase_backward(stage.backward_one_chunk)
 
     def _phase_backward(self, backward: Callable) -> Callable:
