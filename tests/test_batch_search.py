@@ -105,9 +105,26 @@ def test_a_line_plan_solves_for_the_budget_with_the_reserve_as_traced():
         allocated = 2**30 + batch * 100 * 2**20
         return SimpleNamespace(peak_allocated_bytes=allocated, context_bytes=500 * 2**20,
                                total_bytes=int(1.25 * allocated) + 500 * 2**20,
-                               compute_peak_bytes=allocated, optimizer_peak_bytes=allocated)
+                               compute_peak_bytes=allocated, optimizer_peak_bytes=allocated,
+                               stage_peak_bytes=[])
 
     plan = plan_batch_on_line(report, USABLE, 4, 8, 12)
     exact = ((USABLE - 500 * 2**20) / 1.25 - 2**30) / (100 * 2**20)
     assert plan.max_batch_size == int(exact) // 4 * 4
     assert not plan.confirmed and plan.fit_batches == (8, 12)
+
+
+def test_a_line_plan_answers_by_the_stage_that_reaches_the_budget_first():
+    """Stage 0 is the largest at the traced batches (8 GiB + 10 MiB per sample), stage 1
+    grows faster (4 GiB + 40 MiB per sample): stage 1 binds, and the plan's line is its."""
+    from memcalc.device.batch_search import plan_batch_on_line
+
+    def report(batch):
+        stages = [8 * 2**30 + batch * 10 * 2**20, 4 * 2**30 + batch * 40 * 2**20]
+        return SimpleNamespace(peak_allocated_bytes=max(stages), context_bytes=0,
+                               total_bytes=max(stages), compute_peak_bytes=max(stages),
+                               optimizer_peak_bytes=max(stages), stage_peak_bytes=stages)
+
+    plan = plan_batch_on_line(report, USABLE, 1, 8, 12)
+    assert plan.max_batch_size == (USABLE - 4 * 2**30) // (40 * 2**20)
+    assert plan.per_sample_bytes == 40 * 2**20 and plan.model_bytes == 4 * 2**30

@@ -156,3 +156,22 @@ def test_a_pipelines_batch_line_predicts_a_traced_batch_far_beyond_it(schedule):
     on_line = low_point.allocated_bytes + slope * (far - low)
     assert traced.peak_allocated_bytes == pytest.approx(on_line, rel=0.005)
     assert plan.max_batch_size > far and plan.max_batch_size % parallel.batch_step == 0
+
+
+def test_every_stage_has_its_own_line_and_the_largest_stage_changes_with_the_batch():
+    """Under 1F1B a middle stage receives activations and gradients for every microbatch,
+    the first and the last only one of them: the middle stages grow twice as fast and
+    overtake the first. Each stage's line through the two traced batches predicts its
+    traced peak at 10 times the upper one within 0.5 %, and the plan answers by the stage
+    that reaches the budget first."""
+    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=4, pp_schedule="1f1b")
+    spec = TrainingSpec(model="llama_7b", model_args=DEEP_LLAMA, sample_shape=(SEQUENCE,),
+                        device="cpu", parallel=parallel)
+    low, high = parallel.line_batches
+    at = {batch: estimate(spec.with_changes(batch_size=batch)).device.stage_peak_bytes
+          for batch in (low, high, 10 * high)}
+    predicted = [a + (b - a) / (high - low) * (10 * high - low)
+                 for a, b in zip(at[low], at[high])]
+    assert at[10 * high] == pytest.approx(predicted, rel=0.005)
+    largest = [max(range(4), key=peaks.__getitem__) for peaks in at.values()]
+    assert largest[0] == largest[1] == 0 and largest[2] in (1, 2)

@@ -88,19 +88,23 @@ def plan_batch_on_line(report_at: Callable[[int], DeviceReport], usable_bytes: i
     with the batch from ``low`` on (a pipeline rank: each microbatch adds its receive
     buffers, and under GPipe its activations; what is in flight stops growing), on the
     line through the traces at ``low`` and ``high``: live bytes on the line, the allocator's
-    reserve as at ``high`` (reserved ÷ allocated). Not ``confirmed``: no trace at the
+    reserve as at ``high`` (reserved ÷ allocated); each stage of a pipeline on its own line,
+    the answer the batch where the first of them reaches the budget. Not ``confirmed``: no trace at the
     answer, whose trace would run every one of its microbatches. Below ``low`` the plan
     is searched by tracing (those traces are short)."""
     at_low, at_high = report_at(low), report_at(high)
     if at_low.total_bytes > usable_bytes:
         return plan_batch_in_steps(report_at, usable_bytes, step)
-    slope = (at_high.peak_allocated_bytes - at_low.peak_allocated_bytes) / (high - low)
-    start = at_low.peak_allocated_bytes - slope * low
     context = at_high.context_bytes
     reserve = (at_high.total_bytes - context) / max(at_high.peak_allocated_bytes, 1)
     budget = (usable_bytes - context) / reserve
-    largest = MAX_BATCH if slope <= 0 else int((budget - start) // slope)
-    largest = max(low, min(largest, MAX_BATCH) // step * step)
+    lines = _stage_lines(at_low, at_high)
+    answers = [_largest_on_line(low, low_bytes, high, high_bytes, budget)
+               for low_bytes, high_bytes in lines]
+    binding = answers.index(min(answers))         # the stage that reaches the budget first
+    largest = max(low, min(answers[binding], MAX_BATCH) // step * step)
+    low_bytes, high_bytes = lines[binding]
+    slope = (high_bytes - low_bytes) / (high - low)
     points = [PlanPoint(batch_size=batch, total_bytes=report.total_bytes,
                         fits=report.total_bytes <= usable_bytes,
                         allocated_bytes=report.peak_allocated_bytes,
@@ -108,9 +112,33 @@ def plan_batch_on_line(report_at: Callable[[int], DeviceReport], usable_bytes: i
                         optimizer_peak_bytes=report.optimizer_peak_bytes)
               for batch, report in ((low, at_low), (high, at_high))]
     per_sample = round(slope * reserve)
-    return BatchPlan(usable_bytes=usable_bytes, model_bytes=at_low.total_bytes - low * per_sample,
+    model_bytes = round(context + reserve * (low_bytes - slope * low))
+    return BatchPlan(usable_bytes=usable_bytes, model_bytes=model_bytes,
                      per_sample_bytes=per_sample, fit_batches=(low, high),
                      max_batch_size=largest, confirmed=False, points=points)
+
+
+def _stage_lines(at_low: DeviceReport, at_high: DeviceReport) -> list[tuple[int, int]]:
+    """Each stage's allocated bytes at the two batches (its live peak, plus what the largest
+    stage allocates beyond its own live peak: workspaces); one line without stages. The
+    stages grow at different rates (a middle stage receives activations and gradients for
+    every microbatch, the first and last only one of them), so the largest at the traced
+    batches need not be the largest further on."""
+    low_stages, high_stages = at_low.stage_peak_bytes, at_high.stage_peak_bytes
+    if not low_stages or len(low_stages) != len(high_stages):
+        return [(at_low.peak_allocated_bytes, at_high.peak_allocated_bytes)]
+    low_extra = at_low.peak_allocated_bytes - max(low_stages)
+    high_extra = at_high.peak_allocated_bytes - max(high_stages)
+    return [(low_peak + low_extra, high_peak + high_extra)
+            for low_peak, high_peak in zip(low_stages, high_stages)]
+
+
+def _largest_on_line(low: int, low_bytes: int, high: int, high_bytes: int,
+                     budget: float) -> int:
+    slope = (high_bytes - low_bytes) / (high - low)
+    if slope <= 0:
+        return MAX_BATCH if low_bytes <= budget else low
+    return int((budget - (low_bytes - slope * low)) // slope)
 
 
 def _few_fit(report: DeviceReport, usable_bytes: int) -> bool:

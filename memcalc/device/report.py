@@ -189,6 +189,9 @@ class DeviceReport(BaseModel):
     """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
     halo_exchange_bytes: int = 0
     """Halo rows one GPU receives in one iteration under spatial parallelism."""
+    stage_peak_bytes: list[int] = []
+    """A pipeline: each stage's traced rank's peak of live tensor bytes, by stage (the
+    reported figures are the largest stage's)."""
     compute_peak_bytes: int | None = None
     """Live tensor bytes at the peak of forward + backward (traced only)."""
     optimizer_peak_bytes: int | None = None

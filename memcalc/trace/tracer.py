@@ -11,6 +11,7 @@ their first size; tensors a model creates outside ATen ops (e.g. from numpy) are
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -133,6 +134,9 @@ class TraceResult:
     """CUDA attention backend -> scaled-dot-product calls it ran (CUDA targets only)."""
     unmodelled_kernels: tuple[str, ...] = ()
     """CUDA kernels the step used whose own tensors are not modelled (``cuda_kernels``)."""
+    stage_peak_bytes: tuple[int, ...] = ()
+    """A pipeline: every stage's traced rank's peak live bytes, by stage (the result is
+    the largest one's)."""
 
 
 def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
@@ -161,7 +165,11 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
 def _traced(setup: StepSetup, replay: bool) -> TraceResult:
     """The step of the job's rank (of each pipeline stage's first rank, the largest kept)."""
     results = [_traced_rank(setup, replay, rank) for rank in traced_ranks(setup.parallel)]
-    return max(results, key=lambda result: result.ledger.peak_bytes)
+    largest = max(results, key=lambda result: result.ledger.peak_bytes)
+    if len(results) == 1:
+        return largest
+    return dataclasses.replace(largest, stage_peak_bytes=tuple(
+        result.ledger.peak_bytes for result in results))
 
 
 def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
