@@ -45,6 +45,9 @@ def report_renderable(report: Report, show_layers: bool = False, details: bool =
         parts.append(throughput_renderable(report.throughput))
     if report.host is not None:
         parts.append(host_renderable(report.host, details))
+    warnings = [line for line in report.assumptions if line.startswith("WARNING")]
+    if warnings and not details:      # shown without asking
+        parts.append(bullets("Warnings", warnings))
     if not details:
         parts.append(f"{counted(len(report.assumptions), 'assumption')}, "
                      f"{counted(len(report.unsupported), 'thing')} not modelled, the static "

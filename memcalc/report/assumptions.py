@@ -12,7 +12,7 @@ from memcalc.device.report import BoundedSize
 from memcalc.trace.cuda_kernels import ASSUMED_CAPABILITY
 from memcalc.trace.optimizers import configured_rule
 from memcalc.trace.precision import precision_policy
-from memcalc.specs import DeviceKind, LossKind, ModuleLoading, OptimizerImpl, TrainingSpec
+from memcalc.specs import Precision, DeviceKind, LossKind, ModuleLoading, OptimizerImpl, TrainingSpec
 from memcalc.units import format_bytes
 
 _LOSS_TEXT = {
@@ -45,6 +45,11 @@ def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
         _LOSS_TEXT[spec.loss],
         "model in train mode; every parameter trainable unless the model sets requires_grad=False",
     ]
+    if (gpu is not None and gpu.bf16_tflops is None
+            and spec.precision in (Precision.BF16_MIXED, Precision.BF16)):
+        lines.insert(0, f"WARNING: {gpu.name} has no bf16 tensor cores (they start with "
+                        "Ampere): torch emulates bf16 there, many times slower than fp16; "
+                        "memory as traced; use --precision fp16-mixed")
     if traced:
         lines += [
             "traced on fake CPU tensors: 2 iterations of forward, loss, backward, optimizer "
