@@ -107,3 +107,20 @@ class _SleepingSamples(Dataset):
 def test_a_worker_that_waits_without_the_gil_hands_batches_over_at_once():
     taking = handover(_SleepingSamples(), BATCH, BATCH * SPIN_SECONDS)
     assert slow_handover_warning(*taking) is None, taking
+
+
+def test_a_dataset_too_small_is_refused_before_anything_is_measured(monkeypatch):
+    from click.testing import CliRunner
+
+    import memcalc.host
+    from memcalc.cli.commands import main
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured a dataset the check refuses")
+
+    monkeypatch.setattr(memcalc.host, "measure_worker", measured)
+    result = CliRunner().invoke(main, ["feed", "--dataset",
+                                       "tests.fixtures.host_datasets:small_volumes",
+                                       "--step-time", "0.05", "--batch-size", "64"])
+    assert result.exit_code == 2
+    assert result.output.startswith("Error: dataset") and "has 400 samples" in result.output

@@ -265,13 +265,16 @@ def host(ctx, shape, batch_size, device, as_json, spec_file, verify, **host_opti
 def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer,
          as_json) -> None:
     """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
-    from memcalc.feed.check import feed_check
+    from memcalc.feed.check import check_feed_dataset, feed_check
     from memcalc.host import LoaderSpec, detect_machine, measure_worker
+    from memcalc.process_defaults import caller_process_kept
     from memcalc.host.malloc_thresholds import churn_warning
     from memcalc.render.feed import feed_renderable
     from memcalc.render.verdict import feed_verdict
 
     def work():
+        with caller_process_kept():     # the dataset's module imported for the check only
+            check_feed_dataset(dataset, batch_size, counts, batches)   # before measuring
         with worker_progress(not as_json) as progress:
             sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
                                     progress=progress)

@@ -182,11 +182,10 @@ def _loader_threads_ended(timeout_s: float = 10.0):
             thread.join(max(0.0, deadline - time.monotonic()))
 
 
-def _feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
-                seconds_per_sample: float, cpus: int, batches: int, consumer: str,
-                progress: Callable[[int], None] | None) -> FeedCheck:
-    if consumer not in CONSUMERS:
-        raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
+def check_feed_dataset(reference: str, batch_size: int, worker_counts: list[int],
+                       batches: int):
+    """The dataset, when it holds enough samples for the check (raises InputError before
+    anything is measured otherwise)."""
     dataset = load_dataset(reference)
     needed = max(WARMUP_BATCHES + 2 * max(worker_counts) + RECEIVE_BATCHES + batches,
                  WARMUP_BATCHES + BUILD_BATCHES + batches if 0 in worker_counts else 0,
@@ -196,6 +195,15 @@ def _feed_check(reference: str, batch_size: int, step_s: float, worker_counts: l
                          f"{needed} ((warm-up + largest --workers + --batches) × batch size, "
                          f"more at 0 workers, at least {WARMUP_BATCHES + 3 + 2 * COST_BATCHES} "
                          "batches); lower --batches or --workers")
+    return dataset
+
+
+def _feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
+                seconds_per_sample: float, cpus: int, batches: int, consumer: str,
+                progress: Callable[[int], None] | None) -> FeedCheck:
+    if consumer not in CONSUMERS:
+        raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
+    dataset = check_feed_dataset(reference, batch_size, worker_counts, batches)
     taking = handover(dataset, batch_size, seconds_per_sample * batch_size)
     wake_s, wake_source = wake_wait_s(cpus) if consumer == "sleep" else (0.0, "")
     rows, main_build_s = [], None
