@@ -178,7 +178,7 @@ CASES = [
         f"{MORE}:dataset_builder_hangs", "--batch-size", "2", "--probe-seconds", "1",
         "--timeout", "3", code=4, words=("--timeout 3",)),
     cli("dataset-getitem-hangs-feed-timeout", "feed", "--dataset", f"{MORE}:dataset_slow",
-        "--step-time", "0.01", "--batch-size", "2", "--timeout", "3", "--json", code=4,
+        "--step-time", "0.01", "--batch-size", "1", "--timeout", "3", "--json", code=4,
         words=("--timeout 3",)),
     cli("dataset-prints-estimate", "estimate", *TINY, "--batch-size", "2", "--optimizer", "sgd",
         "--dataset", f"{MORE}:dataset_print", "--probe-seconds", "1", "--json", code=0,

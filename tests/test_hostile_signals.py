@@ -44,7 +44,7 @@ def _probes_of(reference: str) -> list[str]:
 @pytest.mark.parametrize("command, sent, code", [
     (("host", "--dataset", f"{MORE}:dataset_slow", "--batch-size", "2", "--probe-seconds",
       "30", "--json"), signal.SIGTERM, 143),
-    (("feed", "--dataset", f"{MORE}:dataset_slow", "--step-time", "0.01", "--batch-size", "2"),
+    (("feed", "--dataset", f"{MORE}:dataset_slow", "--step-time", "0.01", "--batch-size", "1"),
      signal.SIGINT, 130),
     (("estimate", *TINY, "--batch-size", "2", "--optimizer", "sgd", "--dataset",
       f"{MORE}:dataset_slow", "--probe-seconds", "30"), signal.SIGTERM, 143),
