@@ -79,8 +79,9 @@ def environment_and_warnings_kept() -> Iterator[None]:
         added = [entry for entry in warnings.filters if entry not in filters]
         for entry in added:
             warnings.filters.remove(entry)
-        if added:
-            warnings._filters_mutated()
+        mutated = getattr(warnings, "_filters_mutated", None)   # its caches, where it has one
+        if added and mutated is not None:
+            mutated()
 
 
 @contextlib.contextmanager

@@ -267,21 +267,19 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer
     """Run the real DataLoader against a simulated GPU: measured vs predicted utilisation."""
     from memcalc.feed.check import check_feed_dataset, feed_check
     from memcalc.host import LoaderSpec, detect_machine, measure_worker
-    from memcalc.process_defaults import caller_process_kept
     from memcalc.host.malloc_thresholds import churn_warning
     from memcalc.render.feed import feed_renderable
     from memcalc.render.verdict import feed_verdict
 
     def work():
-        with caller_process_kept():     # the dataset's module imported for the check only
-            check_feed_dataset(dataset, batch_size, counts, batches)   # before measuring
+        loaded = check_feed_dataset(dataset, batch_size, counts, batches)   # before measuring
         with worker_progress(not as_json) as progress:
             sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
                                     progress=progress)
             result = feed_check(dataset, batch_size, step_time, counts,
                                 seconds_per_sample=sample.feeding_seconds_per_sample,
                                 cpus=cpus or detect_machine().cpus, batches=batches,
-                                consumer=consumer)
+                                consumer=consumer, dataset=loaded)
             churning = churn_warning(sample)
             if churning:
                 result = result.model_copy(update={"warnings": result.warnings + [churning]})

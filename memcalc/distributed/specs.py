@@ -91,18 +91,29 @@ class ParallelSpec(BaseModel):
         return 2 if self.pp > 1 and self.pp_schedule is PipelineSchedule.INTERLEAVED else 1
 
     @property
-    def batch_step(self) -> int:
-        """Local batches come in multiples of this: torch's 1F1B-family schedules need at
-        least one microbatch per stage (GPipe and jobs without a pipeline: 1)."""
+    def stages(self) -> int:
+        """Pipeline stages in all (1 without a pipeline)."""
+        return self.pp * self.stages_per_rank
+
+    @property
+    def min_microbatches(self) -> int:
+        """Fewest microbatches the schedule runs: torch's 1F1B-family schedules need one per
+        stage (GPipe and jobs without a pipeline: 1)."""
         if self.pp == 1 or self.pp_schedule is PipelineSchedule.GPIPE:
             return 1
-        return self.microbatch_size * self.pp * self.stages_per_rank
+        return self.stages
+
+    @property
+    def batch_step(self) -> int:
+        """Local batches come in multiples of this: a microbatch per stage for 1F1B-family
+        schedules, else 1."""
+        return 1 if self.min_microbatches == 1 else self.microbatch_size * self.stages
 
     @property
     def line_batches(self) -> tuple[int, int]:
         """The two batches a pipeline's batch plan traces: 2 and 3 microbatches per stage,
         where every rank's live bytes already grow linearly with the microbatches."""
-        unit = self.microbatch_size * self.pp * self.stages_per_rank
+        unit = self.microbatch_size * self.stages
         return 2 * unit, 3 * unit
 
     @property

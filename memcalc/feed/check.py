@@ -158,14 +158,15 @@ def _steps(batches, step: Callable[[float], None], step_s: float, count: int) ->
 
 def feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
                seconds_per_sample: float, cpus: int, batches: int = 20, consumer: str = "spin",
-               progress: Callable[[int], None] | None = None) -> FeedCheck:
+               progress: Callable[[int], None] | None = None, dataset=None) -> FeedCheck:
     """The real DataLoader of ``reference`` at each worker count against a simulated step;
     the caller's random streams, start method, ``sys.path`` and SIGCHLD handler are left
-    as they were (``memcalc.process_defaults``)."""
+    as they were (``memcalc.process_defaults``). ``dataset``: the one ``check_feed_dataset``
+    already loaded and checked (else it is loaded here)."""
     with caller_process_kept(), dataloader_signals_kept(), _loader_threads_ended():
         return _feed_check(reference, batch_size, step_s, worker_counts,
                            seconds_per_sample=seconds_per_sample, cpus=cpus, batches=batches,
-                           consumer=consumer, progress=progress)
+                           consumer=consumer, progress=progress, dataset=dataset)
 
 
 @contextlib.contextmanager
@@ -200,10 +201,11 @@ def check_feed_dataset(reference: str, batch_size: int, worker_counts: list[int]
 
 def _feed_check(reference: str, batch_size: int, step_s: float, worker_counts: list[int], *,
                 seconds_per_sample: float, cpus: int, batches: int, consumer: str,
-                progress: Callable[[int], None] | None) -> FeedCheck:
+                progress: Callable[[int], None] | None, dataset) -> FeedCheck:
     if consumer not in CONSUMERS:
         raise InputError(f"consumer {consumer!r} is not one of {', '.join(CONSUMERS)}")
-    dataset = check_feed_dataset(reference, batch_size, worker_counts, batches)
+    if dataset is None:
+        dataset = check_feed_dataset(reference, batch_size, worker_counts, batches)
     taking = handover(dataset, batch_size, seconds_per_sample * batch_size)
     wake_s, wake_source = wake_wait_s(cpus) if consumer == "sleep" else (0.0, "")
     rows, main_build_s = [], None

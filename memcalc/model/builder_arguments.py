@@ -7,27 +7,29 @@ import inspect
 from collections.abc import Callable
 
 
+def _parameters(builder: Callable) -> list[inspect.Parameter] | None:
+    """``builder``'s parameters; None when its signature cannot be read."""
+    try:
+        return list(inspect.signature(builder).parameters.values())
+    except (TypeError, ValueError):
+        return None
+
+
+def _named(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    return [p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
 def builder_arguments(builder: Callable) -> list[str]:
     """Keyword arguments of ``builder``: ``name=default`` or ``name`` when required; empty
     when it takes ``**kwargs`` only or its signature cannot be read."""
-    try:
-        parameters = inspect.signature(builder).parameters.values()
-    except (TypeError, ValueError):
-        return []
-    return [name if parameter.default is inspect.Parameter.empty
-            else f"{name}={parameter.default!r}"
-            for name, parameter in ((p.name, p) for p in parameters)
-            if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)]
+    return [p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}"
+            for p in _named(_parameters(builder) or [])]
 
 
 def unknown_arguments(builder: Callable, given: dict) -> list[str]:
     """The names in ``given`` that ``builder`` does not take (none when it takes
     ``**kwargs`` or its signature cannot be read)."""
-    try:
-        parameters = inspect.signature(builder).parameters.values()
-    except (TypeError, ValueError):
+    parameters = _parameters(builder)
+    if parameters is None or any(p.kind is p.VAR_KEYWORD for p in parameters):
         return []
-    if any(p.kind is p.VAR_KEYWORD for p in parameters):
-        return []
-    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return sorted(set(given) - names)
+    return sorted(set(given) - {p.name for p in _named(parameters)})

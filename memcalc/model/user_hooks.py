@@ -23,19 +23,23 @@ HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
               "_backward_pre_hooks")
 
 
+def _hook_tables(model: nn.Module) -> list[tuple[nn.Module, str]]:
+    """Each (module, table name) of ``model`` that holds hooks."""
+    return [(module, name) for module in model.modules() for name in HOOK_DICTS
+            if getattr(module, name, None)]
+
+
 def user_hooks(model: nn.Module) -> list:
     """Every hook registered on ``model``'s modules."""
-    return [hook for module in model.modules() for name in HOOK_DICTS
-            for hook in getattr(module, name, {}).values()]
+    return [hook for module, name in _hook_tables(model)
+            for hook in getattr(module, name).values()]
 
 
 def without_user_hooks(model: nn.Module) -> nn.Module:
     """``model`` (a copy of the user's) with no hooks: each module given empty hook tables
     (new ones: the copy's tables may be shared with the user's model)."""
-    for module in model.modules():
-        for name in HOOK_DICTS:
-            if getattr(module, name, None):
-                setattr(module, name, collections.OrderedDict())
+    for module, name in _hook_tables(model):
+        setattr(module, name, collections.OrderedDict())
     return model
 
 
@@ -43,10 +47,8 @@ def without_user_hooks(model: nn.Module) -> nn.Module:
 def hooks_set_aside(model: nn.Module) -> Iterator[None]:
     """``model`` (memcalc's own build or copy) without hooks inside the block, its hook
     tables put back after."""
-    saved = [(module, name, getattr(module, name)) for module in model.modules()
-             for name in HOOK_DICTS if getattr(module, name, None)]
-    for module, name, _ in saved:
-        setattr(module, name, collections.OrderedDict())
+    saved = [(module, name, getattr(module, name)) for module, name in _hook_tables(model)]
+    without_user_hooks(model)
     try:
         yield
     finally:
@@ -90,11 +92,7 @@ def clear_traced_tensors(model: nn.Module) -> int:
 
 
 def _clear(container: Any) -> int:
-    if isinstance(container, list):
-        kept = [item for item in container if not _untraced(item)]
-        taken, container[:] = len(container) - len(kept), kept
-        return taken
-    if isinstance(container, collections.deque):
+    if isinstance(container, (list, collections.deque)):
         kept = [item for item in container if not _untraced(item)]
         taken = len(container) - len(kept)
         container.clear()

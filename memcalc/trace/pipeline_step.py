@@ -176,9 +176,8 @@ class PipelineIteration:
 def check_microbatches(spec: ParallelSpec, microbatches: int) -> None:
     """The schedules' own rule, said before the trace: 1F1B-family schedules need at least
     as many microbatches as stages."""
-    stages = spec.pp * spec.stages_per_rank
-    if spec.pp_schedule is not PipelineSchedule.GPIPE and microbatches < stages:
-        raise InputError(f"the {spec.pp_schedule.value} schedule needs at least {stages} "
+    if microbatches < spec.min_microbatches:
+        raise InputError(f"the {spec.pp_schedule.value} schedule needs at least {spec.stages} "
                          f"microbatches (one per stage); it has {microbatches}: give "
                          f"--batch-size {spec.batch_step} or more, lower --microbatch-size, "
                          "or use --pp-schedule gpipe")

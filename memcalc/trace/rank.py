@@ -118,7 +118,7 @@ def pipeline_rank(parallel: ParallelSpec, model: nn.Module, inputs: ModelInputs,
     """``model`` (fake, materialised) split into the job's stages; this rank's ones (by its
     place on the mesh's ``pp`` dimension, interleaved stages looping over the ranks as
     torch's schedules place them) sharded by tensor parallelism and FSDP2 as the job does."""
-    stages = pipeline_stages(model, repeated_blocks(model), parallel.pp * parallel.stages_per_rank)
+    stages = pipeline_stages(model, repeated_blocks(model), parallel.stages)
     shapes = stage_shapes(stages, model, make_call(model, inputs, parallel.microbatch_size))
     place = mesh.pp.get_local_rank()
     indices = [place + loop * parallel.pp for loop in range(parallel.stages_per_rank)]
