@@ -284,6 +284,7 @@ def test_a_forced_strategy_that_does_not_apply_exits_1_with_the_reason():
                               "over the sample's spatial axes")
 
 
+@pytest.mark.slow
 def test_feed_compares_measured_and_predicted_utilization():
     args = ["feed", "--dataset", "tests.fixtures.host_datasets:spin_samples", "--step-time", "0.02",
             "--batch-size", "2", "--workers", "0,1", "--batches", "6", "--cpus", "2", "--json"]
@@ -297,6 +298,7 @@ def test_feed_compares_measured_and_predicted_utilization():
     assert bad.exit_code == 2 and "'--workers': must be counts separated by commas" in bad.stderr
 
 
+@pytest.mark.slow
 def test_estimate_prints_the_feeding_verdict():
     args = ["estimate", "--model", "resnet50", "--shape", "3,32,32", "--batch-size", "128",
             "--gpu", "A100-80GB", "--sample-time", "0.002", "--cpus", "2", "--ram", "16GiB"]

@@ -49,6 +49,7 @@ def _rank_report(model, strategy, batch, param_dtype, checkpointing, foreach, wo
                               gpus_per_node=world, tp=tp, param_dtype=param_dtype)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(PIPELINES))
 def test_the_largest_pipeline_stage_within_1_percent(measured, case):
     """Pipeline ranks hold different layers and microbatches; memcalc reports the largest
@@ -58,6 +59,7 @@ def test_the_largest_pipeline_stage_within_1_percent(measured, case):
     assert report.device.peak_bytes == pytest.approx(max(measured[case]), rel=0.01)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(set(CASES) - PIPELINES))
 def test_the_ranks_of_the_real_job_within_1_percent(measured, case):
     """The ranks do the same work, so their true peaks are equal; a rank's measured figure

@@ -138,6 +138,7 @@ def test_the_command_line_traces_a_pipeline_and_refuses_a_bad_one_in_one_line():
     assert len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_a_pipelines_batch_line_predicts_a_traced_batch_far_beyond_it(schedule):
     """A pipeline's batch plan traces 2 and 3 microbatches per stage and extends the line:
@@ -158,6 +159,7 @@ def test_a_pipelines_batch_line_predicts_a_traced_batch_far_beyond_it(schedule):
     assert plan.max_batch_size > far and plan.max_batch_size % parallel.batch_step == 0
 
 
+@pytest.mark.slow
 def test_every_stage_has_its_own_line_and_the_largest_stage_changes_with_the_batch():
     """Under 1F1B a middle stage receives activations and gradients for every microbatch,
     the first and the last only one of them: the middle stages grow twice as fast and

@@ -9,6 +9,8 @@ from memcalc.device.batch_search import plan_batch
 from memcalc.pipeline import _prepare
 from tests.fixtures.published_distributed import PUBLISHED_RANKS
 
+pytestmark = pytest.mark.slow      # 8B-parameter jobs traced rank by rank
+
 
 @pytest.fixture(scope="module")
 def prepared():

@@ -14,6 +14,8 @@ from memcalc.feed.check import CONSUMERS, feed_check, handover
 from memcalc.feed.model import SLOW_HANDOVER_S, slow_handover_warning
 from memcalc.host import LoaderSpec, measure_worker
 
+pytestmark = pytest.mark.slow      # real DataLoaders timed: run alone
+
 DATASET = "tests.fixtures.host_datasets:spin_samples"
 STEP_S = 0.015
 BATCH = 4

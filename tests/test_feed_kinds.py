@@ -12,6 +12,8 @@ import pytest
 from tests.fixtures.data_kinds import FEED_CASES
 from memcalc.host import LoaderSpec, measure_worker
 
+pytestmark = pytest.mark.slow      # real DataLoaders timed: run alone
+
 
 @pytest.mark.parametrize("kind", sorted(FEED_CASES))
 def test_each_kind_is_measured_in_a_real_worker(kind):

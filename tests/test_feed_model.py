@@ -130,6 +130,7 @@ def test_too_few_cpus_is_a_cpu_bound_verdict_with_advice():
     assert io.bound == "io" and "storage" in io.advice[1]
 
 
+@pytest.mark.slow
 def test_cifar_on_two_cpus_is_cpu_bound():
     spec = TrainingSpec(model="resnet50", model_args={"num_classes": 10}, sample_shape=(3, 32, 32),
                         batch_size=128, gpu="A100-80GB", feed={"sample_time_s": 0.002},

@@ -67,6 +67,7 @@ def test_the_feed_check_warns_that_rows_depend_on_the_allocators_history():
     assert churn_warning(_measured(10 * MiB)) is None
 
 
+@pytest.mark.slow
 @glibc
 def test_a_worker_mapping_40_mib_afresh_per_sample_is_advised_both_thresholds():
     # each sample goes through a temporary above glibc's largest dynamic mmap threshold

@@ -30,6 +30,8 @@ from memcalc.host.measure import (
 from memcalc.host.workers import host_estimate
 from memcalc.host.specs import HostSpec, LoaderSpec, MachineSpec
 
+pytestmark = pytest.mark.slow      # real DataLoaders measured by a memory cgroup
+
 MACHINE = MachineSpec(cpus=2, ram_bytes=24 << 30)
 TOLERANCE = 0.15
 NO_CGROUP = cgroup_unavailable_reason()

@@ -21,6 +21,8 @@ from memcalc.host.workers import host_estimate
 from tests.fixtures.host_datasets import HOST_CASES, VOLUME_SHAPE
 from tests.fixtures.host_truth import cgroup_unavailable_reason
 
+pytestmark = pytest.mark.slow      # real DataLoaders in a memory cgroup
+
 MACHINE = MachineSpec(cpus=2, ram_bytes=24 << 30)
 MIB = 1 << 20
 NO_CGROUP = cgroup_unavailable_reason()

@@ -43,6 +43,8 @@ from tests.fixtures.hostile_harness import (
     strict_json,
 )
 
+pytestmark = pytest.mark.slow      # each case a CLI subprocess (about two minutes in all)
+
 CASES = [
     # -- builders that raise: the user's code failed (4), its exception and file:line named
     cli("builder-memory-error", "check", "--model", f"{MORE}:raising", "--model-arg",

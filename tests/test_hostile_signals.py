@@ -25,6 +25,8 @@ from tests.fixtures.hostile_harness import (
     leftovers,
 )
 
+pytestmark = pytest.mark.slow      # signals sent to CLI subprocesses at set moments
+
 
 def _wait_for(predicate: Callable[[], bool], seconds: float) -> bool:
     deadline = time.monotonic() + seconds

@@ -27,6 +27,8 @@ from torch import nn
 import memcalc
 from memcalc.errors import MemcalcError
 
+pytestmark = pytest.mark.slow      # snapshots process-wide state (/dev/shm, children): run alone
+
 TINY = dict(model_args=dict(in_features=32, hidden=32, depth=1), device="cpu")
 CUDA_TINY = dict(model_args=dict(in_features=32, hidden=32, depth=1), gpu="T4")
 SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE, signal.SIGHUP,

@@ -11,6 +11,7 @@ from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CPU_TRUTH_CASES))
 def test_cpu_estimate_within_3_percent_of_real_run(case):
     spec = TrainingSpec(device="cpu", **CPU_TRUTH_CASES[case])

@@ -16,6 +16,7 @@ def test_there_are_at_least_five_cases_with_sources():
     assert all(case.source.startswith("https://") and case.hardware for case in PUBLISHED_CASES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", PUBLISHED_CASES, ids=lambda case: case.name)
 def test_prediction_is_within_tolerance_of_the_measurement(case):
     rows = error_rows(case, predicted(case))

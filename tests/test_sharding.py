@@ -81,6 +81,7 @@ def _fsdp2_rank(rank: int, world: int) -> tuple[int, int, int, int]:
                 for key, value in state.items() if key != "step"))
 
 
+@pytest.mark.slow
 def test_fsdp2_on_gloo_holds_the_zero3_share_of_every_state():
     world = 2
     measured = run_ranks(_fsdp2_rank, world)

@@ -97,6 +97,7 @@ def test_halo_bytes_are_the_padding_rows_of_every_padded_layer():
     assert report.device.halo_exchange_bytes == batch * FLOAT_BYTES * expected
 
 
+@pytest.mark.slow
 def test_a_real_two_rank_halo_exchange_matches_the_traced_slab():
     """Two gloo ranks, each with half of every volume, reproduce the unsharded model; the
     trace predicts a rank's peak with the same error as it predicts the unsharded step

@@ -26,6 +26,7 @@ def by_label(plan, label):
     return next(c for c in plan.candidates if c.label == label)
 
 
+@pytest.mark.slow
 def test_llama_7b_does_not_fit_one_80gb_gpu_in_fp32_adam(llama_plan):
     baseline = by_label(llama_plan, "baseline")
     assert not baseline.fits and baseline.per_gpu_peak_bytes > llama_plan.usable_bytes
@@ -36,6 +37,7 @@ def test_llama_7b_does_not_fit_one_80gb_gpu_in_fp32_adam(llama_plan):
         assert not by_label(llama_plan, single).fits
 
 
+@pytest.mark.slow
 def test_llama_7b_gets_the_cheapest_strategy_that_fits(llama_plan):
     chosen = by_label(llama_plan, llama_plan.recommended)
     assert chosen.fits and chosen.gpus > 1
@@ -60,6 +62,7 @@ SEED = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-
                     machine=MACHINE)
 
 
+@pytest.mark.slow
 def test_the_seed_volume_on_a_24gb_gpu_is_split_spatially_with_its_new_max_batch():
     plan = plan_spec(SEED, ClusterSpec())
     # one whole volume needs more than the card with every single-GPU lever
@@ -97,6 +100,7 @@ def test_spatial_part_counts_are_powers_of_two_within_the_gpus(cluster, axis_len
     assert part_counts(cluster, axis_length) == expected
 
 
+@pytest.mark.slow
 def test_the_seed_volume_on_one_gpu_only_gets_a_crop_that_fits():
     plan = plan_spec(SEED, ClusterSpec(max_gpus=1))
     assert {c.gpus for c in plan.candidates} == {1}
