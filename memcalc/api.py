@@ -54,8 +54,34 @@ def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
              batch_size: int | None = None, isolate: bool = False,
              timeout_s: float = DEFAULT_TIMEOUT_S, **options: Any) -> Report:
     """Memory of one training step (and, with ``gpu``/``gpu_memory_bytes``, the largest batch;
-    host RAM and DataLoader workers always). ``isolate=True`` traces in a child process with
-    a ``timeout_s`` limit, so a crash in the model's code cannot kill a notebook kernel."""
+    host RAM and DataLoader workers always).
+
+    Args:
+        model: a zoo name, ``"package.module:callable"``, a factory returning an
+            ``nn.Module``, or an ``nn.Module`` (a meta twin is traced; its weights stay put).
+        sample_shape: one sample without the batch axis, e.g. ``(3, 224, 224)``; the zoo
+            model's own when left out.
+        batch_size: the batch to report; with a capacity and no batch, the largest that fits.
+        isolate: trace in a child process, so a crash in the model's code cannot kill a
+            notebook kernel (a script then needs an ``if __name__ == "__main__":`` guard).
+        timeout_s: the child's limit with ``isolate=True``.
+        **options: fields of ``TrainingSpec`` (the JSON report's ``spec``): ``gpu="T4"``,
+            ``precision="bf16-mixed"``, ``optimizer="adamw"``, ``checkpointing=True``,
+            ``machine={"cpus": 16, "ram_bytes": 128 << 30}``...
+
+    Returns:
+        The ``Report``: ``report.device`` (``total_bytes``, ``fits``, ``max_batch_size``,
+        the breakdown), ``report.host``, ``report.assumptions``, ``report.unsupported``.
+
+    Raises:
+        InputError: a bad or unknown argument, named with what is accepted.
+        ModelSourceError: the model cannot be found, imported or built.
+
+    Example:
+        >>> report = memcalc.estimate("resnet50", (3, 224, 224), gpu="A100-80GB")
+        >>> report.device.max_batch_size
+        919
+    """
     with caller_process_kept(), model_reference(model) as name:
         spec = training_spec(name, sample_shape, batch_size=batch_size, **options)
         return estimate_isolated(spec, timeout_s) if isolate else estimate_spec(spec)
@@ -64,8 +90,22 @@ def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
 def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: str,
          gpus: int = 1, nodes: int = 1, global_batch: int | None = None, max_gpus: int = 512,
          **options: Any) -> StrategyPlan:
-    """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP, spatial
-    parallelism...) ranked; ``max_gpus`` bounds how many GPUs one may ask for."""
+    """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP, pipelines,
+    spatial parallelism...) with its peak per GPU, batch and speed, ranked.
+
+    Args:
+        model: as for ``estimate``.
+        sample_shape: as for ``estimate``.
+        gpu: the card, a name from ``memcalc gpus``.
+        gpus: GPUs per node.
+        nodes: nodes of the job.
+        global_batch: the global batch the job needs, when it has one.
+        max_gpus: the most GPUs one may ask for.
+        **options: ``TrainingSpec`` fields, as for ``estimate``.
+
+    Returns:
+        The ``StrategyPlan``: ``candidates`` best first, ``recommended``, ``assumptions``.
+    """
     try:
         cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
                               max_gpus=max_gpus)
@@ -130,10 +170,24 @@ def _meta_model(spec: TrainingSpec) -> nn.Module:
 def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batch_size: int,
           gpu: str | None = None, gpu_memory_bytes: int | None = None,
           num_workers: int | None = None, **options: Any) -> Report:
-    """The report when ``batch_size`` (and ``num_workers``) fit the GPU and the host; else
-    ``MemoryBudgetError`` with the numbers and the cheapest fixes that fit, or
-    ``UntracedEstimateError`` when the step could not be traced (a static count never
-    shows that a batch fits)."""
+    """The report when ``batch_size`` (and ``num_workers``) fit the GPU and the host.
+
+    Args:
+        model: as for ``estimate``.
+        sample_shape: as for ``estimate``.
+        batch_size: the batch to check.
+        gpu: the card (or give ``gpu_memory_bytes``).
+        gpu_memory_bytes: the capacity in bytes, instead of a card.
+        num_workers: the DataLoader workers to check on the host.
+        **options: ``TrainingSpec`` fields, as for ``estimate``.
+
+    Raises:
+        MemoryBudgetError: it does not fit; the message has the numbers and the cheapest
+            fixes that fit, ``error.report`` and ``error.plan`` the details.
+        UntracedEstimateError: the step could not be traced; a static count never shows
+            that a batch fits.
+        InputError: a bad argument, or no capacity given.
+    """
     if gpu is None and gpu_memory_bytes is None:
         raise InputError("check needs a capacity: give gpu='A100-80GB' (see `memcalc gpus`) or "
                          "gpu_memory_bytes")
