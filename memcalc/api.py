@@ -26,7 +26,7 @@ from memcalc.pipeline import training_step_flops
 from memcalc.report.assumptions import TRACE_FAILED_PREFIX
 from memcalc.report.models import Report
 from memcalc.report_pool import ReportPool, workers_for
-from memcalc.specs import TrainingSpec
+from memcalc.specs import StepPhase, TrainingSpec
 from memcalc.strategies import ClusterSpec, StrategyPlan, VariantEstimator, plan_strategies
 from memcalc.strategies.report_cache import ReportCache
 from memcalc.units import counted, format_bytes
@@ -213,7 +213,8 @@ def check_spec(spec: TrainingSpec) -> Report:
         return report
     # the planner varies a one-GPU job; a distributed layout is checked as given
     strategies = (plan_spec(spec, ClusterSpec())
-                  if spec.gpu and report.device.fits is False and spec.parallel is None else None)
+                  if spec.gpu and report.device.fits is False and spec.parallel is None
+                  and spec.phase is StepPhase.TRAIN else None)
     raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
 
 

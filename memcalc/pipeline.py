@@ -37,7 +37,7 @@ from memcalc.report.assumptions import (
     step_unsupported,
 )
 from memcalc.report.models import InputSummary, ModelSummary, Report
-from memcalc.specs import DeviceKind, OptimizerImpl, TrainingSpec
+from memcalc.specs import DeviceKind, OptimizerImpl, StepPhase, TrainingSpec
 from memcalc.trace.checkpointing import policy_blocks, repeated_blocks
 from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
@@ -210,7 +210,8 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       cudnn_benchmark=spec.cudnn_benchmark, cudnn_tf32=spec.cudnn_tf32,
                       named_inputs=model_inputs.named, forward_kwargs=model_inputs.forward_kwargs,
                       positional_input=positional is not None,
-                      boxes_per_image=spec.boxes_per_image, parallel=spec.parallel)
+                      boxes_per_image=spec.boxes_per_image, parallel=spec.parallel,
+                      evaluation=spec.eval_grad_mode if spec.phase is StepPhase.EVAL else None)
     layers, leaf_output_elements, table_error = _layer_table(
         spec, model, inputs.model_inputs(), layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())

@@ -54,7 +54,8 @@ class PreparedStep:
         if batch_size not in self.statics:
             setup = self.setup
             self.statics[batch_size] = static_estimate(
-                self.model, setup.inputs, batch_size, setup.policy, setup.optimizer)
+                self.model, setup.inputs, batch_size, setup.policy, setup.optimizer,
+                training=setup.evaluation is None)
         return self.statics[batch_size]
 
     def device_report(self, batch_size: int) -> DeviceReport:

@@ -45,6 +45,28 @@ class Precision(str, Enum):
     FP16 = "fp16"
 
 
+class StepPhase(str, Enum):
+    """Which step of the job is traced."""
+
+    TRAIN = "train"
+    """Forward, loss, backward, optimizer step, ``zero_grad``."""
+    EVAL = "eval"
+    """Validation or inference: ``model.eval()``, forward and loss under ``GradMode``; no
+    gradients and no optimizer state."""
+
+
+class GradMode(str, Enum):
+    """How an evaluation step runs its forward."""
+
+    NO_GRAD = "no_grad"
+    """``torch.no_grad()``: nothing is saved for backward."""
+    INFERENCE_MODE = "inference_mode"
+    """``torch.inference_mode()``: as no_grad, without version counters."""
+    ENABLED = "enabled"
+    """Neither: autograd saves what backward would need (a validation loop that forgot
+    ``no_grad``), freed when the output and loss are dropped."""
+
+
 class LossKind(str, Enum):
     """Loss applied to the model's output in the traced step."""
 
@@ -139,6 +161,10 @@ class TrainingSpec(BaseModel):
     """Detection models: ground-truth objects per image in the synthetic training targets."""
     batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     """None: the planned largest batch when a GPU or memory is given, else 1."""
+    phase: StepPhase = StepPhase.TRAIN
+    """The step traced: a training step, or the evaluation step of validation or inference
+    (``eval_grad_mode``; the optimizer and training options then do not apply)."""
+    eval_grad_mode: GradMode = GradMode.NO_GRAD
     loss: LossKind = LossKind.CROSS_ENTROPY
     optimizer: str = "adam"
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
@@ -232,6 +258,21 @@ class TrainingSpec(BaseModel):
         if self.parallel is not None and self.spatial_parts > 1:
             raise ValueError("--spatial-parts with --strategy is not traced together; give one "
                              "of them (memcalc plan sizes spatial splits with data parallelism)")
+        return self
+
+    @model_validator(mode="after")
+    def _evaluation_without_training_options(self) -> TrainingSpec:
+        if self.phase is not StepPhase.EVAL:
+            return self
+        training_only = [name for name, given in (
+            ("--strategy", self.parallel is not None), ("--spatial-parts", self.spatial_parts > 1),
+            ("--checkpointing", self.activation_checkpointing is not None),
+            ("--offload-activations", self.offload_activations),
+            ("--clip-grad-norm", self.clip_grad_norm is not None)) if given]
+        if training_only:
+            verb = "apply" if len(training_only) > 1 else "applies"
+            raise ValueError(f"{', '.join(training_only)} {verb} to training; --phase eval "
+                             "traces one evaluation step on one GPU: leave it out")
         return self
 
     @model_validator(mode="after")

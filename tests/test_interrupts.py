@@ -11,15 +11,6 @@ import pytest
 from memcalc.trace.interrupts import DeferredInterrupts
 
 
-@pytest.fixture(autouse=True)
-def _a_terminals_ctrl_c():
-    """Python's own SIGINT handler, as in a terminal, also when the suite runs where SIGINT is
-    ignored (a shell's background job), which the interpreter then inherits."""
-    before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
-
-
 @pytest.mark.slow
 def test_a_hundred_random_interrupts_never_abort_and_leave_nothing():
     before = set(os.listdir("/dev/shm"))

@@ -30,11 +30,13 @@ from memcalc.specs import (
     MAX_BATCH_SIZE,
     DeviceKind,
     FeedSpec,
+    GradMode,
     Layout,
     LossKind,
     ModuleLoading,
     OptimizerImpl,
     Precision,
+    StepPhase,
     TrainingSpec,
 )
 from memcalc.units import format_bytes
@@ -217,6 +219,13 @@ MODEL_OPTIONS = [
     click.option("--free-output", is_flag=True,
                  help="The loop deletes the model's output before backward (torchtitan's "
                       "`del pred`); default: it stays alive through the step."),
+    click.option("--phase", type=enum_choice(StepPhase), default="train", show_default=True,
+                 help="'eval': the evaluation step of validation or inference instead "
+                      "(model.eval(), forward and loss; no gradients or optimizer state)."),
+    click.option("--eval-grad-mode", type=enum_choice(GradMode), default="no_grad",
+                 show_default=True,
+                 help="The evaluation step under torch.no_grad(), torch.inference_mode(), "
+                      "or neither ('enabled': a validation loop that forgot no_grad)."),
     click.option("--precision", type=enum_choice(Precision), default="fp32", show_default=True),
     click.option("--checkpointing", is_flag=False, flag_value="full", default=None,
                  metavar="[full|selective|every:N]",

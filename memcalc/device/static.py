@@ -29,13 +29,15 @@ def tensor_bytes(tensor: torch.Tensor, policy: PrecisionPolicy) -> int:
 
 
 def static_estimate(model: nn.Module, inputs: ModelInputs, batch_size: int,
-                    policy: PrecisionPolicy, optimizer: OptimizerRule) -> StaticEstimate:
-    """Exact bytes of parameters, buffers, gradients, optimizer state and the input batch.
+                    policy: PrecisionPolicy, optimizer: OptimizerRule, *,
+                    training: bool = True) -> StaticEstimate:
+    """Exact bytes of parameters, buffers, gradients, optimizer state and the input batch
+    (an evaluation step, ``training`` False, has no gradients or optimizer state).
 
     Shared parameters are counted once (``Module.parameters`` de-duplicates them).
     """
     parameters = list(model.parameters())
-    trainable = [param for param in parameters if param.requires_grad]
+    trainable = [param for param in parameters if param.requires_grad and training]
     trainable_bytes = sum(tensor_bytes(param, policy) for param in trainable)
     return StaticEstimate(
         parameter_bytes=sum(tensor_bytes(param, policy) for param in parameters),

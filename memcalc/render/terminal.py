@@ -12,6 +12,7 @@ from memcalc.render.cards import cards_line, cards_table
 from memcalc.render.helpers import bullets
 from memcalc.render.host import host_renderable
 from memcalc.report.models import Report
+from memcalc.report.assumptions import step_name
 from memcalc.units import counted, format_bytes, format_count
 
 
@@ -71,7 +72,7 @@ def _head(report: Report) -> str:
             if device.peak_phase else "")
     return (
         f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
-        f"{spec.optimizer}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}"
+        f"{step_name(spec)}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}"
         + (_one_rank(spec.parallel) if spec.parallel else "") + "\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
         f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}"

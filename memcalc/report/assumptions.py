@@ -12,7 +12,8 @@ from memcalc.device.report import BoundedSize
 from memcalc.trace.cuda_kernels import ASSUMED_CAPABILITY
 from memcalc.trace.optimizers import configured_rule
 from memcalc.trace.precision import precision_policy
-from memcalc.specs import Precision, DeviceKind, LossKind, ModuleLoading, OptimizerImpl, TrainingSpec
+from memcalc.specs import (DeviceKind, GradMode, LossKind, ModuleLoading, OptimizerImpl,
+                           Precision, StepPhase, TrainingSpec)
 from memcalc.units import format_bytes
 
 _LOSS_TEXT = {
@@ -25,6 +26,24 @@ _LOSS_TEXT = {
     LossKind.MODEL: ("loss: the model's own (a scalar output, output.loss / output['loss'], or "
                      "the sum of a dict of losses); its labels are the inputs given"),
 }
+
+
+_EVAL_TEXT = {
+    GradMode.NO_GRAD: "evaluation step: model.eval() (dropout off, BatchNorm's running "
+                      "statistics) under torch.no_grad(); no gradients, no optimizer state",
+    GradMode.INFERENCE_MODE: "evaluation step: model.eval() under torch.inference_mode(); "
+                             "traced as no_grad without autocast's weight cache, which is "
+                             "what inference_mode allocates (measured on real CPU steps)",
+    GradMode.ENABLED: "evaluation step: model.eval() with autograd on (no no_grad): the "
+                      "graph of forward and loss lives until they are dropped",
+}
+
+
+def step_name(spec: TrainingSpec) -> str:
+    """The step in a few words: its optimizer, or ``eval (no_grad)``."""
+    if spec.phase is StepPhase.EVAL:
+        return f"eval ({spec.eval_grad_mode.value})"
+    return spec.optimizer
 
 
 def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
@@ -45,12 +64,18 @@ def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
         _LOSS_TEXT[spec.loss],
         "model in train mode; every parameter trainable unless the model sets requires_grad=False",
     ]
+    if spec.phase is StepPhase.EVAL:
+        lines[1:] = [_LOSS_TEXT[spec.loss], _EVAL_TEXT[spec.eval_grad_mode]]
     if (gpu is not None and gpu.bf16_tflops is None
             and spec.precision in (Precision.BF16_MIXED, Precision.BF16)):
         lines.insert(0, f"WARNING: {gpu.name} has no bf16 tensor cores (they start with "
                         "Ampere): torch emulates bf16 there, many times slower than fp16; "
                         "memory as traced; use --precision fp16-mixed")
-    if traced:
+    if traced and spec.phase is StepPhase.EVAL:
+        lines.append("traced on fake CPU tensors: 2 evaluation steps (forward and loss, both "
+                     "released when the step returns); every tensor the step makes counts as "
+                     "a temporary (nothing is kept for a backward)")
+    elif traced:
         lines += [
             "traced on fake CPU tensors: 2 iterations of forward, loss, backward, optimizer "
             f"step, zero_grad(set_to_none={spec.zero_grad_to_none}); the peak is the maximum over both, so the "

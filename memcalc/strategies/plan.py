@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from memcalc.device.gpus import GpuSpec, find_gpu
 from memcalc.errors import InputError
-from memcalc.specs import DeviceKind, TrainingSpec
+from memcalc.specs import DeviceKind, StepPhase, TrainingSpec
 from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candidate
 from memcalc.strategies.launch import slurm_header, torchrun_command
 from memcalc.strategies.ranking import rank_key
@@ -48,6 +48,9 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
     if spec.gpu is None or spec.device is not DeviceKind.CUDA:
         raise InputError("the strategy planner needs a GPU for capacity and speed: give --gpu "
                          "(see `memcalc gpus`)")
+    if spec.phase is StepPhase.EVAL:
+        raise InputError("the strategy planner plans training jobs; for an evaluation step "
+                         "(--phase eval) use `memcalc estimate` or `memcalc check`")
     gpu = find_gpu(spec.gpu)
     model = estimator.model(spec)
     variants, not_traced = traced_variants(spec, _variant_context(spec, gpu, model), estimator)

@@ -61,6 +61,9 @@ def precision_policy(precision: Precision) -> PrecisionPolicy:
     return POLICIES[Precision(precision)]
 
 
-def cpu_autocast(dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
-    """``torch.autocast("cpu", dtype)`` for mixed precision; nothing otherwise."""
-    return torch.autocast("cpu", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+def cpu_autocast(dtype: torch.dtype | None, cache: bool = True) -> contextlib.AbstractContextManager:
+    """``torch.autocast("cpu", dtype)`` for mixed precision; nothing otherwise. ``cache``:
+    half-precision copies of the weights are kept for the autocast region (as autocast does
+    outside ``inference_mode``)."""
+    return (torch.autocast("cpu", dtype=dtype, cache_enabled=cache) if dtype is not None
+            else contextlib.nullcontext())

@@ -8,6 +8,7 @@ runs it on real tensors — so the three cannot drift apart.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,7 +16,7 @@ import torch
 from torch import nn
 
 from memcalc.model.inputs import ModelCall
-from memcalc.specs import LossKind
+from memcalc.specs import GradMode, LossKind
 from memcalc.trace.ledger import Phase
 from memcalc.trace.losses import (compute_loss, make_target, model_loss, output_shape,
                                   primary_output)
@@ -38,6 +39,18 @@ class StepBody:
     clip_grad_norm: float | None = None
     """``torch.nn.utils.clip_grad_norm_(parameters, max_norm)`` between backward and the step
     (its foreach norms and scaling make per-gradient temporaries)."""
+    evaluation: GradMode | None = None
+    """An evaluation step under this grad mode (``model.eval()``, forward and loss, then both
+    dropped); None: a training step."""
+    autocast_cache: bool = True
+    """Autocast keeps its half-precision weight copies for the region (off under
+    ``inference_mode``, which the tracer runs as no_grad without the cache)."""
+
+
+_GRAD_MODES: dict[GradMode | None, Callable[[], contextlib.AbstractContextManager]] = {
+    None: contextlib.nullcontext, GradMode.ENABLED: contextlib.nullcontext,
+    GradMode.NO_GRAD: torch.no_grad, GradMode.INFERENCE_MODE: torch.inference_mode,
+}
 
 
 class StepObserver:
@@ -59,8 +72,9 @@ class StepObserver:
 class TrainingIteration:
     """The step as a callable: each call runs one iteration and returns the output's shape.
     Output and loss are released when the call returns; the target is made once and kept.
-    Without an optimizer the iteration ends after backward. ``step`` steps the optimizer
-    (default ``optimizer.step``; the tracer may replay a recorded step instead)."""
+    Without an optimizer the iteration ends after backward; an evaluation step (the body's
+    ``evaluation``) puts the model in eval mode and ends after the loss. ``step`` steps the
+    optimizer (default ``optimizer.step``; the tracer may replay a recorded step instead)."""
 
     def __init__(self, body: StepBody, model: nn.Module, batch: torch.Tensor | ModelCall,
                  optimizer: torch.optim.Optimizer | None = None,
@@ -71,11 +85,13 @@ class TrainingIteration:
         self.optimizer, self.observer = optimizer, observer or StepObserver()
         self._step = step or (optimizer.step if optimizer is not None else None)
         self._target: list[torch.Tensor | None] = []
+        if body.evaluation is not None:
+            model.eval()
 
     def __call__(self) -> tuple[int, ...]:
         body, observer = self.body, self.observer
         observer.enter(Phase.FORWARD)
-        with cpu_autocast(body.autocast_dtype):
+        with cpu_autocast(body.autocast_dtype, body.autocast_cache), _GRAD_MODES[body.evaluation]():
             output = self.model(*self.call.args, **self.call.kwargs)
             if body.loss is not LossKind.MODEL:
                 output = primary_output(output)
@@ -88,6 +104,8 @@ class TrainingIteration:
                     else compute_loss(body.loss, output, self._target[0], body.classes_last))
             observer.loss_ends()
         shape = output_shape(output)
+        if body.evaluation is not None:
+            return shape           # output and loss dropped, as a validation loop does
         if body.free_output:
             del output
         # else ``output`` stays alive through backward and the optimizer step, as in most loops

@@ -49,7 +49,7 @@ from memcalc.trace.step import StepBody, TrainingIteration
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
 from memcalc.trace.workspaces import ConvWorkspaces
-from memcalc.specs import LossKind
+from memcalc.specs import GradMode, LossKind
 
 @dataclass(frozen=True)
 class StepSetup:
@@ -97,6 +97,8 @@ class StepSetup:
     positional_input: bool = True
     boxes_per_image: int = 8
     iterations: int = 2
+    evaluation: GradMode | None = None
+    """An evaluation step under this grad mode (``StepBody.evaluation``); None: training."""
     parallel: ParallelSpec | None = None
     """One rank of a distributed job: traced in a fake process group of its world size, the
     model wrapped as ``memcalc.distributed.parallelize`` applies the layout."""
@@ -110,8 +112,12 @@ class StepSetup:
 
     @property
     def body(self) -> StepBody:
+        # inference_mode allocates what no_grad does without autocast's weight cache (real CPU
+        # steps measure the same bytes); fake tensors made under it are not all seen
+        inference = self.evaluation is GradMode.INFERENCE_MODE
         return StepBody(self.loss, self.classes_last, self.policy.autocast_dtype,
-                        self.keep_zeroed_grads, self.free_output, self.clip_grad_norm)
+                        self.keep_zeroed_grads, self.free_output, self.clip_grad_norm,
+                        GradMode.NO_GRAD if inference else self.evaluation, not inference)
 
 
 @dataclass
