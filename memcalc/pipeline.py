@@ -8,15 +8,13 @@ from dataclasses import replace
 import torch
 
 from memcalc.device.allocator_settings import AllocatorSettings
-from memcalc.device.batch_search import plan_batch_in_steps, plan_batch_on_line
-from memcalc.device.card_fit import COMMON_CARDS, card_fits
 from memcalc.device.estimate import DeviceTarget
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
+from memcalc.model.sliding_window import windowed
 from memcalc.model.build import built_for_real
 from memcalc.model.user_hooks import clear_traced_tensors
-from memcalc.device.report import BatchPlan, CardFit, DeviceReport, StaticEstimate
-from memcalc.distributed.specs import ParallelSpec
+from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.static import layer_table
 from memcalc.dtypes import INPUT_DTYPES
 from memcalc.errors import InputError, TraceError
@@ -28,6 +26,7 @@ from memcalc.model.inputs import ModelInputs, family_of
 from memcalc.model.layout import CONV_TYPES, LayoutDecision
 from memcalc.model.step_inputs import resolve_step_inputs, token_inputs
 from memcalc.model.source import display_name, resolve_model
+from memcalc.planned_batch import batch_plan, card_fits_of, line_batches, reported_batch
 from memcalc.prepared_step import PreparedStep
 from memcalc.report.assumptions import (
     assumptions,
@@ -79,47 +78,19 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
                     progress: Progress | None) -> Report:
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
-    plan = _batch_plan(prepared, usable, spec.parallel) if usable is not None else None
-    batch_size = spec.batch_size or _reported_batch(plan, spec.parallel, step)
+    plan = batch_plan(prepared, usable, spec.parallel) if usable is not None else None
+    batch_size = spec.batch_size or reported_batch(plan, spec, step)
     device = prepared.device_report(batch_size)
     if plan is not None:
         device = device.model_copy(update={"plan": plan})
     elif (card_fits and step == 1 and spec.device is DeviceKind.CUDA
-          and device.method == "traced"):
-        device = device.model_copy(update={"card_fits": _card_fits(prepared)})
+          and device.method == "traced" and line_batches(spec) is None):
+        device = device.model_copy(update={"card_fits": card_fits_of(prepared)})
     static = prepared.static_at(batch_size)
     host, throughput = host_and_throughput(HostInputs(
         spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
         prepared.target.gpu, measurement), progress)
     return _report(prepared, device, static, host, throughput)
-
-
-def _batch_plan(prepared: PreparedStep, usable: int, parallel: ParallelSpec | None) -> BatchPlan:
-    """The batch plan: searched by tracing; a pipeline's on the line through two traced
-    batches (a trace runs every microbatch, so large batches are not traced)."""
-    if parallel is None or parallel.pp == 1:
-        return plan_batch_in_steps(prepared.device_report, usable, 1)
-    low, high = parallel.line_batches
-    return plan_batch_on_line(prepared.device_report, usable, parallel.batch_step, low, high)
-
-
-def _reported_batch(plan: BatchPlan | None, parallel: ParallelSpec | None, step: int) -> int:
-    """The batch reported when none was given: the plan's largest, but for a pipeline no
-    more than its line's upper traced batch (the plan still gives the largest)."""
-    if plan is None or not plan.max_batch_size:
-        return step
-    if parallel is not None and parallel.pp > 1:
-        return min(plan.max_batch_size, parallel.line_batches[1])
-    return plan.max_batch_size
-
-
-def _card_fits(prepared: PreparedStep) -> list[CardFit]:
-    """The largest batch on each common card, from the same traces replayed for each."""
-    targets = {card: prepared.card_target(card) for card in COMMON_CARDS}
-    return card_fits(prepared.card_report,
-                     {card: target.usable_bytes for card, target in targets.items()},
-                     {card: target.capacity_bytes for card, target in targets.items()},
-                     traced=lambda: set(prepared.traces))
 
 
 def _workers_within_cpus(loader, machine) -> None:
@@ -192,7 +163,9 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
     policy = precision_policy(spec.precision)
     model_inputs = inputs.model_inputs(policy.batch_dtype)
     positional = model_inputs.positional
-    setup = StepSetup(source.copier(model), (1, *layout.traced_sample_shape),
+    build = (windowed(source.copier(model), spec.sliding_window, layout.traced_sample_shape)
+             if spec.sliding_window else source.copier(model))
+    setup = StepSetup(build, (1, *layout.traced_sample_shape),
                       positional.dtype if positional else torch.float32, spec.loss,
                       classes_last=token_inputs(inputs),
                       optimizer=_optimizer(spec), foreach=_foreach(spec),

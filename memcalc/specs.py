@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from memcalc.eval_specs import GradMode, SlidingWindowSpec, StepPhase
 from memcalc.dtypes import INPUT_DTYPES
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.host.specs import LoaderSpec, MachineSpec, check_workers_within_cpus
@@ -43,28 +44,6 @@ class Precision(str, Enum):
     FP16_MIXED = "fp16-mixed"
     BF16 = "bf16"
     FP16 = "fp16"
-
-
-class StepPhase(str, Enum):
-    """Which step of the job is traced."""
-
-    TRAIN = "train"
-    """Forward, loss, backward, optimizer step, ``zero_grad``."""
-    EVAL = "eval"
-    """Validation or inference: ``model.eval()``, forward and loss under ``GradMode``; no
-    gradients and no optimizer state."""
-
-
-class GradMode(str, Enum):
-    """How an evaluation step runs its forward."""
-
-    NO_GRAD = "no_grad"
-    """``torch.no_grad()``: nothing is saved for backward."""
-    INFERENCE_MODE = "inference_mode"
-    """``torch.inference_mode()``: as no_grad, without version counters."""
-    ENABLED = "enabled"
-    """Neither: autograd saves what backward would need (a validation loop that forgot
-    ``no_grad``), freed when the output and loss are dropped."""
 
 
 class LossKind(str, Enum):
@@ -165,6 +144,9 @@ class TrainingSpec(BaseModel):
     """The step traced: a training step, or the evaluation step of validation or inference
     (``eval_grad_mode``; the optimizer and training options then do not apply)."""
     eval_grad_mode: GradMode = GradMode.NO_GRAD
+    sliding_window: SlidingWindowSpec | None = None
+    """Evaluate whole volumes window by window (``--phase eval`` only); None: the model runs
+    on the whole sample at once."""
     loss: LossKind = LossKind.CROSS_ENTROPY
     optimizer: str = "adam"
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
@@ -263,6 +245,9 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="after")
     def _evaluation_without_training_options(self) -> TrainingSpec:
         if self.phase is not StepPhase.EVAL:
+            if self.sliding_window is not None:
+                raise ValueError("a sliding window (--roi) evaluates whole volumes: give "
+                                 "--phase eval")
             return self
         training_only = [name for name, given in (
             ("--strategy", self.parallel is not None), ("--spatial-parts", self.spatial_parts > 1),

@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memcalc"
 LAYERS = [
     ("memcalc.errors", "memcalc.units", "memcalc.dtypes", "memcalc.process_defaults"),
     ("memcalc.specs", "memcalc.host.specs", "memcalc.strategies.specs",
-     "memcalc.distributed.specs"),
+     "memcalc.distributed.specs", "memcalc.eval_specs"),
     ("memcalc.model",),
     ("memcalc.distributed",),
     ("memcalc.trace",),
@@ -24,7 +24,7 @@ LAYERS = [
     ("memcalc.report",),
     ("memcalc.strategies",),
     ("memcalc.render",),
-    ("memcalc.pipeline", "memcalc.prepared_step", "memcalc.isolation", "memcalc.report_pool", "memcalc.early_workers", "memcalc.api",
+    ("memcalc.pipeline", "memcalc.prepared_step", "memcalc.planned_batch", "memcalc.isolation", "memcalc.report_pool", "memcalc.early_workers", "memcalc.api",
      "memcalc.api_errors", "memcalc.notebook",
      "memcalc.calibration", "memcalc.cli", "memcalc.__init__", "memcalc.__main__"),
 ]

@@ -9,7 +9,6 @@ import re
 import shlex
 from pathlib import Path
 
-import click
 import pytest
 
 from benchmarks.doc_examples import ROOT, differences, pages

@@ -14,7 +14,8 @@ OPTION_FIELDS: dict[str, str] = {
     "batch_size": "batch_size", "loss": "loss", "optimizer": "optimizer",
     "optimizer_impl": "optimizer_impl", "weight_decay": "weight_decay", "amsgrad": "amsgrad",
     "zero_grad": "zero_grad_to_none", "free_output": "free_output", "phase": "phase",
-    "eval_grad_mode": "eval_grad_mode",
+    "eval_grad_mode": "eval_grad_mode", "roi": "sliding_window",
+    "sw_batch_size": "sliding_window", "overlap": "sliding_window", "sw_mode": "sliding_window",
     "clip_grad_norm": "clip_grad_norm", "precision": "precision",
     "checkpointing": "activation_checkpointing", "offload_activations": "offload_activations",
     "spatial_parts": "spatial_parts", "device": "device", "gpu": "gpu",
@@ -37,6 +38,9 @@ OPTION_FIELDS: dict[str, str] = {
 machine options set the machine as a whole: one given on the command line replaces the
 file's machine, detected figures filling what the command line leaves out."""
 
+WHOLE_FIELDS = ("machine", "sliding_window")
+"""Fields that several options set together: one given replaces the file's field whole."""
+
 _CONVERT: dict[str, Callable[[Any], Any]] = {
     "model_args": dict, "inputs": dict, "forward_args": dict,
     "zero_grad": lambda value: value == "none",
@@ -47,12 +51,13 @@ _CONVERT: dict[str, Callable[[Any], Any]] = {
 
 def take_fields(options: dict[str, Any], section: str = "") -> dict[str, Any]:
     """Pop from ``options`` those that set a field of ``section`` ("": the spec itself,
-    "feed", "loader") and return them by field name. The machine options are left: they set
-    the machine as a whole (``memcalc.host.machine.machine_from_options``)."""
+    "feed", "loader") and return them by field name. The machine and sliding-window options
+    are left: each group sets its field as a whole (``memcalc.host.machine``,
+    ``memcalc.cli.eval_options``)."""
     fields = {}
     for name, field in OPTION_FIELDS.items():
         head, _, last = field.rpartition(".")
-        if head == section and field != "machine" and name in options:
+        if head == section and field not in WHOLE_FIELDS and name in options:
             value = options.pop(name)
             fields[last] = _CONVERT[name](value) if name in _CONVERT else value
     return fields

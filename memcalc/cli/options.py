@@ -18,6 +18,7 @@ from memcalc.cli.types import (
     SizeType,
     enum_choice,
 )
+from memcalc.cli.eval_options import EVAL_OPTIONS, sliding_window_from_options
 from memcalc.cli.job_options import parallel_from_options
 from memcalc.cli.job_file import SPEC_OPTION, explicit_options, merged_spec, read_job_file
 from memcalc.cli.option_fields import take_fields
@@ -30,13 +31,11 @@ from memcalc.specs import (
     MAX_BATCH_SIZE,
     DeviceKind,
     FeedSpec,
-    GradMode,
     Layout,
     LossKind,
     ModuleLoading,
     OptimizerImpl,
     Precision,
-    StepPhase,
     TrainingSpec,
 )
 from memcalc.units import format_bytes
@@ -219,13 +218,7 @@ MODEL_OPTIONS = [
     click.option("--free-output", is_flag=True,
                  help="The loop deletes the model's output before backward (torchtitan's "
                       "`del pred`); default: it stays alive through the step."),
-    click.option("--phase", type=enum_choice(StepPhase), default="train", show_default=True,
-                 help="'eval': the evaluation step of validation or inference instead "
-                      "(model.eval(), forward and loss; no gradients or optimizer state)."),
-    click.option("--eval-grad-mode", type=enum_choice(GradMode), default="no_grad",
-                 show_default=True,
-                 help="The evaluation step under torch.no_grad(), torch.inference_mode(), "
-                      "or neither ('enabled': a validation loop that forgot no_grad)."),
+    *EVAL_OPTIONS,
     click.option("--precision", type=enum_choice(Precision), default="fp32", show_default=True),
     click.option("--checkpointing", is_flag=False, flag_value="full", default=None,
                  metavar="[full|selective|every:N]",
@@ -281,8 +274,9 @@ def job_spec(ctx: click.Context, options: dict) -> TrainingSpec:
 
 def training_spec(options: dict, loader: LoaderSpec, machine: MachineSpec) -> TrainingSpec:
     """The model options (popped from ``options``) as a spec."""
+    window = sliding_window_from_options(options)
     return TrainingSpec(**take_fields(options), feed=FeedSpec(**take_fields(options, "feed")),
-                        loader=loader, machine=machine)
+                        loader=loader, machine=machine, sliding_window=window)
 
 
 def model_options(command):

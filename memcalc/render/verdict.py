@@ -4,6 +4,7 @@ RAM; feed: how busy the loader keeps the GPU)."""
 
 from __future__ import annotations
 
+from memcalc.eval_specs import StepPhase
 from memcalc.device.gpus import gpu_catalog
 from memcalc.feed.check import FeedCheck
 from memcalc.host.report import HostReport
@@ -27,7 +28,8 @@ def verdict_line(report: Report) -> str:
                     f"{format_bytes(device.total_bytes)} (not sharded)")
         return f"FIT UNKNOWN (STATIC): {needs} or more (step not traced)"
     if device.kind != "cuda":
-        return f"CPU training: {needs} of host RAM for the step"
+        step = "evaluation" if report.spec.phase is StepPhase.EVAL else "training"
+        return f"CPU {step}: {needs} of host RAM for the step"
     if device.capacity_bytes is None:
         return _against_cards(needs, device) or _against_catalog(needs, device.total_bytes)
     usable = format_bytes(device.capacity_bytes - device.headroom_bytes)

@@ -12,6 +12,8 @@ from memcalc.device.report import BoundedSize
 from memcalc.trace.cuda_kernels import ASSUMED_CAPABILITY
 from memcalc.trace.optimizers import configured_rule
 from memcalc.trace.precision import precision_policy
+from memcalc.eval_specs import SlidingWindowSpec
+from memcalc.model.sliding_window import monai_version
 from memcalc.specs import (DeviceKind, GradMode, LossKind, ModuleLoading, OptimizerImpl,
                            Precision, StepPhase, TrainingSpec)
 from memcalc.units import format_bytes
@@ -37,6 +39,14 @@ _EVAL_TEXT = {
     GradMode.ENABLED: "evaluation step: model.eval() with autograd on (no no_grad): the "
                       "graph of forward and loss lives until they are dropped",
 }
+
+
+def _window_text(window: SlidingWindowSpec) -> str:
+    return (f"sliding window: MONAI {monai_version()}'s sliding_window_inference traced over "
+            f"each whole volume, windows of {'×'.join(map(str, window.roi))}, "
+            f"{window.sw_batch_size} per forward, overlap {window.overlap:g}, "
+            f"{window.mode.value} weights; its output and count map on the GPU (device and "
+            "sw_device the input's); the largest batch on the line through batches 1 and 2")
 
 
 def step_name(spec: TrainingSpec) -> str:
@@ -75,6 +85,8 @@ def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
         lines.append("traced on fake CPU tensors: 2 evaluation steps (forward and loss, both "
                      "released when the step returns); every tensor the step makes counts as "
                      "a temporary (nothing is kept for a backward)")
+        if spec.sliding_window is not None:
+            lines.append(_window_text(spec.sliding_window))
     elif traced:
         lines += [
             "traced on fake CPU tensors: 2 iterations of forward, loss, backward, optimizer "

@@ -1,0 +1,49 @@
+"""The batch a report is made at and the plan of the largest batch: searched by tracing, or
+on the line through two traced batches where a trace grows with the batch (a pipeline's
+microbatches, a sliding window's windows); and the largest batch on each common card."""
+
+from __future__ import annotations
+
+from memcalc.device.batch_search import plan_batch_in_steps, plan_batch_on_line
+from memcalc.device.card_fit import COMMON_CARDS, card_fits
+from memcalc.device.report import BatchPlan, CardFit
+from memcalc.distributed.specs import ParallelSpec
+from memcalc.prepared_step import PreparedStep
+from memcalc.specs import TrainingSpec
+
+
+def batch_plan(prepared: PreparedStep, usable: int, parallel: ParallelSpec | None) -> BatchPlan:
+    """The batch plan: searched by tracing; on the line through two traced batches where a
+    trace runs every microbatch (a pipeline) or every window (a sliding window), so large
+    batches are not traced."""
+    line = line_batches(prepared.spec)
+    if line is None:
+        return plan_batch_in_steps(prepared.device_report, usable, 1)
+    return plan_batch_on_line(prepared.device_report, usable, parallel.batch_step
+                              if parallel else 1, *line)
+
+
+def line_batches(spec: TrainingSpec) -> tuple[int, int] | None:
+    if spec.sliding_window is not None:
+        return 1, 2
+    return spec.parallel.line_batches if spec.parallel and spec.parallel.pp > 1 else None
+
+
+def reported_batch(plan: BatchPlan | None, spec: TrainingSpec, step: int) -> int:
+    """The batch reported when none was given: the plan's largest, but no more than the
+    line's lower traced batch for a sliding window (one volume, as validation runs it) or
+    its upper one for a pipeline (the plan still gives the largest)."""
+    if plan is None or not plan.max_batch_size:
+        return step
+    line = line_batches(spec)
+    top = line[0] if spec.sliding_window else line[1] if line else plan.max_batch_size
+    return min(plan.max_batch_size, top)
+
+
+def card_fits_of(prepared: PreparedStep) -> list[CardFit]:
+    """The largest batch on each common card, from the same traces replayed for each."""
+    targets = {card: prepared.card_target(card) for card in COMMON_CARDS}
+    return card_fits(prepared.card_report,
+                     {card: target.usable_bytes for card, target in targets.items()},
+                     {card: target.capacity_bytes for card, target in targets.items()},
+                     traced=lambda: set(prepared.traces))
