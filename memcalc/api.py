@@ -238,6 +238,12 @@ def _problems(report: Report) -> list[str]:
             f"batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} on the GPU, "
             f"{format_bytes(device.plan.usable_bytes)} usable"
             + (f" (largest batch that fits: {largest})" if largest else " (not even batch 1 fits)"))
+    validation = report.validation
+    if validation is not None and validation.fits is False:
+        problems.append(f"validation batch {validation.batch_size} needs "
+                        f"{format_bytes(validation.total_bytes)} on the GPU, "
+                        f"{format_bytes(validation.capacity_bytes - validation.headroom_bytes)} "
+                        "usable")
     if host is not None and not host.fits:
         problems.append(f"{counted(host.num_workers, 'DataLoader worker')} need "
                         f"{format_bytes(host.peak_bytes)} of host RAM, "

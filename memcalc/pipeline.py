@@ -57,7 +57,12 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
     line, and up to ``CONFIRM_TRACES`` more to confirm); False leaves ``device.card_fits``
     empty."""
     with callers_torch_modes_set_aside():
-        return _estimate(spec, progress, layer_tables, card_fits)
+        report = _estimate(spec, progress, layer_tables, card_fits)
+        validating = spec.validation_spec()
+        if validating is None:
+            return report
+        validation = _estimate(validating, progress, layer_tables, card_fits=False)
+        return report.model_copy(update={"validation": validation.device})
 
 
 def _estimate(spec: TrainingSpec, progress: Progress | None,
@@ -163,8 +168,8 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
     policy = precision_policy(spec.precision)
     model_inputs = inputs.model_inputs(policy.batch_dtype)
     positional = model_inputs.positional
-    build = (windowed(source.copier(model), spec.sliding_window, layout.traced_sample_shape)
-             if spec.sliding_window else source.copier(model))
+    build = (windowed(source.copier(model), spec.evaluated_window, layout.traced_sample_shape)
+             if spec.evaluated_window else source.copier(model))
     setup = StepSetup(build, (1, *layout.traced_sample_shape),
                       positional.dtype if positional else torch.float32, spec.loss,
                       classes_last=token_inputs(inputs),
@@ -184,7 +189,8 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       named_inputs=model_inputs.named, forward_kwargs=model_inputs.forward_kwargs,
                       positional_input=positional is not None,
                       boxes_per_image=spec.boxes_per_image, parallel=spec.parallel,
-                      evaluation=spec.eval_grad_mode if spec.phase is StepPhase.EVAL else None)
+                      evaluation=spec.eval_grad_mode if spec.phase is StepPhase.EVAL else None,
+                      optimizer_state_held=spec.eval_holds_optimizer_state)
     layers, leaf_output_elements, table_error = _layer_table(
         spec, model, inputs.model_inputs(), layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())

@@ -24,7 +24,7 @@ def batch_plan(prepared: PreparedStep, usable: int, parallel: ParallelSpec | Non
 
 
 def line_batches(spec: TrainingSpec) -> tuple[int, int] | None:
-    if spec.sliding_window is not None:
+    if spec.evaluated_window is not None:
         return 1, 2
     return spec.parallel.line_batches if spec.parallel and spec.parallel.pp > 1 else None
 
@@ -36,7 +36,7 @@ def reported_batch(plan: BatchPlan | None, spec: TrainingSpec, step: int) -> int
     if plan is None or not plan.max_batch_size:
         return step
     line = line_batches(spec)
-    top = line[0] if spec.sliding_window else line[1] if line else plan.max_batch_size
+    top = line[0] if spec.evaluated_window else line[1] if line else plan.max_batch_size
     return min(plan.max_batch_size, top)
 
 

@@ -145,8 +145,15 @@ class TrainingSpec(BaseModel):
     (``eval_grad_mode``; the optimizer and training options then do not apply)."""
     eval_grad_mode: GradMode = GradMode.NO_GRAD
     sliding_window: SlidingWindowSpec | None = None
-    """Evaluate whole volumes window by window (``--phase eval`` only); None: the model runs
-    on the whole sample at once."""
+    """Evaluate whole volumes window by window (the evaluation step: ``--phase eval`` or the
+    job's validation); None: the model runs on the whole sample at once."""
+    eval_sample_shape: tuple[int, ...] | None = None
+    """The job validates on samples of this shape (whole volumes; ``--eval-shape``): its
+    validation step is traced too and the verdict is the larger of the two peaks."""
+    eval_batch_size: int = Field(default=1, ge=1, le=MAX_BATCH_SIZE)
+    eval_holds_optimizer_state: bool = False
+    """The evaluation step runs inside a training job: the optimizer's state (and gradients
+    kept by ``zero_grad(set_to_none=False)``) stay resident while it runs."""
     loss: LossKind = LossKind.CROSS_ENTROPY
     optimizer: str = "adam"
     optimizer_impl: OptimizerImpl = OptimizerImpl.DEFAULT
@@ -245,10 +252,16 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="after")
     def _evaluation_without_training_options(self) -> TrainingSpec:
         if self.phase is not StepPhase.EVAL:
-            if self.sliding_window is not None:
+            if self.sliding_window is not None and self.eval_sample_shape is None:
                 raise ValueError("a sliding window (--roi) evaluates whole volumes: give "
-                                 "--phase eval")
+                                 "--phase eval, or the validation volume with --eval-shape")
+            if self.eval_sample_shape is not None and self.parallel is not None:
+                raise ValueError("--eval-shape with --strategy is not traced together yet: "
+                                 "estimate the validation step with --phase eval alone")
             return self
+        if self.eval_sample_shape is not None:
+            raise ValueError("--eval-shape is the validation of a training job; with --phase "
+                             "eval the evaluated sample is --shape")
         training_only = [name for name, given in (
             ("--strategy", self.parallel is not None), ("--spatial-parts", self.spatial_parts > 1),
             ("--checkpointing", self.activation_checkpointing is not None),
@@ -264,6 +277,23 @@ class TrainingSpec(BaseModel):
     def _workers_within_cpus(self) -> TrainingSpec:
         check_workers_within_cpus(self.loader, self.machine)
         return self
+
+    @property
+    def evaluated_window(self) -> SlidingWindowSpec | None:
+        """The step's sliding window (a training job's is its validation's)."""
+        return self.sliding_window if self.phase is StepPhase.EVAL else None
+
+    def validation_spec(self) -> TrainingSpec | None:
+        """The validation step of this training job (``eval_sample_shape``), with the
+        optimizer's state resident; None when the job has none."""
+        if self.eval_sample_shape is None or self.phase is StepPhase.EVAL:
+            return None
+        return self.with_changes(
+            phase=StepPhase.EVAL, sample_shape=self.eval_sample_shape,
+            batch_size=self.eval_batch_size, eval_sample_shape=None, free_output=False,
+            activation_checkpointing=None, offload_activations=False, clip_grad_norm=None,
+            eval_holds_optimizer_state=True,
+            loader=self.loader.model_copy(update={"dataset": None}))
 
     def with_changes(self, **changes: Any) -> TrainingSpec:
         """A copy with some fields replaced, validated again."""

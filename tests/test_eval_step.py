@@ -63,5 +63,46 @@ def test_check_fails_an_evaluation_batch_that_does_not_fit_and_plan_refuses_one(
         memcalc.check("gpt2", (128,), batch_size=4096, **args)
     assert caught.value.plan is None                  # the planner plans training jobs
     assert memcalc.check("gpt2", (128,), batch_size=1, **args).device.fits
-    with pytest.raises(InputError, match="plans training jobs"):
+    with pytest.raises(InputError, match="plans the training step"):
         memcalc.plan("gpt2", (128,), gpu="T4", model_args=TINY_GPT2, phase="eval")
+
+
+def test_a_jobs_validation_step_holds_the_optimizers_state_as_a_real_job_does():
+    import torch
+
+    from memcalc.specs import GradMode, LossKind
+    from memcalc.trace.optimizers import optimizer_rule
+    from memcalc.trace.step import StepBody, TrainingIteration
+    from tests.fixtures.cpu_truth import TrainingStep, measure_cpu_peak_bytes
+    from memcalc.model.source import resolve_model
+
+    spec = TrainingSpec(model="gpt2", model_args=TINY_GPT2, sample_shape=(16,), batch_size=2,
+                        device="cpu", optimizer="adam", eval_sample_shape=(128,),
+                        eval_batch_size=16)
+    report = estimate(spec)
+    torch.manual_seed(0)
+    model = resolve_model("gpt2", TINY_GPT2).factory(**TINY_GPT2)
+    train = TrainingStep(model, torch.randint(0, 100, (2, 16)), LossKind.CROSS_ENTROPY,
+                         optimizer_rule("adam"), classes_last=True)
+
+    def job():                                      # two training steps, then validation
+        train(), train()
+        TrainingIteration(StepBody(LossKind.CROSS_ENTROPY, True, evaluation=GradMode.NO_GRAD),
+                          model, torch.randint(0, 100, (16, 128)))()
+    real = measure_cpu_peak_bytes(job, iterations=1)
+    validation = report.validation
+    assert validation is not None and validation.batch_size == 16
+    assert validation.breakdown.optimizer_state == (report.static.optimizer_state_bytes
+                                                    + report.static.optimizer_step_counter_bytes)
+    assert report.device.peak_bytes < validation.peak_bytes    # validation sets the peak
+    assert validation.peak_bytes == pytest.approx(real, rel=0.01)
+
+
+def test_check_fails_a_job_whose_validation_does_not_fit_though_training_does():
+    args = dict(model_args=TINY_GPT2, gpu_memory_bytes=4 << 30, eval_sample_shape=(128,))
+    assert memcalc.check("gpt2", (16,), batch_size=2, eval_batch_size=1, **args).validation.fits
+    with pytest.raises(MemoryBudgetError, match="validation batch 4096 needs") as caught:
+        memcalc.check("gpt2", (16,), batch_size=2, eval_batch_size=4096, **args)
+    assert caught.value.report.device.fits and not caught.value.report.validation.fits
+    with pytest.raises(ValueError, match="with --phase eval the evaluated sample is --shape"):
+        TrainingSpec(model="gpt2", phase="eval", eval_sample_shape=(128,))

@@ -19,6 +19,12 @@ EVAL_OPTIONS = [
                  show_default=True,
                  help="The evaluation step under torch.no_grad(), torch.inference_mode(), "
                       "or neither ('enabled': a validation loop that forgot no_grad)."),
+    click.option("--eval-shape", "eval_shape", type=ShapeType(),
+                 help="The job validates on samples of this shape (whole volumes): its "
+                      "validation step is traced too, with the optimizer's state resident, "
+                      "and the verdict is the larger peak."),
+    click.option("--eval-batch-size", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Samples per validation batch (with --eval-shape)."),
     click.option("--roi", type=ShapeType(), metavar="D,H,W",
                  help="Evaluate each whole volume (--shape) window by window with MONAI's "
                       "sliding_window_inference, windows of this size (with --phase eval)."),
@@ -44,7 +50,7 @@ def sliding_window_from_options(options: dict[str, Any]) -> SlidingWindowSpec | 
         if stray:
             verb = "sets" if len(stray) == 1 else "set"
             raise InputError(f"{', '.join(stray)} {verb} a sliding window: give its size with "
-                             "--roi D,H,W (and --phase eval)")
+                             "--roi D,H,W (and --phase eval or --eval-shape)")
         return None
     fields = {"sw_batch_size": given["sw_batch_size"], "overlap": given["overlap"],
               "mode": given["sw_mode"]}

@@ -15,6 +15,24 @@ from memcalc.units import format_bytes
 
 
 def verdict_line(report: Report) -> str:
+    """The step's verdict (``_step_verdict``); with a validation step in the job, its batch
+    and bytes after it, which phase sets the job's peak, and DOES NOT FIT when only the
+    validation step does not."""
+    line, validation = _step_verdict(report), report.validation
+    if validation is None:
+        return line
+    fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[validation.fits]
+    if validation.method != "traced":
+        fits = "FIT UNKNOWN (STATIC)"
+    if validation.fits is False and line.startswith("FITS"):
+        line = "DOES NOT FIT in validation; training" + line.removeprefix("FITS")
+    sets = ("validation" if validation.total_bytes > report.device.total_bytes
+            else "training")
+    return (f"{line}; validation: batch {validation.batch_size} needs "
+            f"{format_bytes(validation.total_bytes)}, {fits}; {sets} sets the job's peak")
+
+
+def _step_verdict(report: Report) -> str:
     """FITS / DOES NOT FIT / FIT UNKNOWN (STATIC) with the batch, the bytes and the capacity
     (within 80 columns for the usual sizes); without a GPU, how the step compares with the
     cards in the catalog."""

@@ -97,6 +97,13 @@ def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
             "activations = tensors made in forward and loss that are still alive when backward "
             "starts; temporaries = everything else the step makes",
         ]
+    if spec.validation_spec() is not None:
+        shape = ",".join(map(str, spec.eval_sample_shape))
+        lines.append(f"validation: the job's evaluation step traced too, batch "
+                     f"{spec.eval_batch_size} of {shape}, under {spec.eval_grad_mode.value}, "
+                     "with the optimizer's state resident (one step's worth, made before it) "
+                     + (f"; {_window_text(spec.sliding_window)}" if spec.sliding_window
+                        else "") + "; its DataLoader's host RAM is not modelled")
     if spec.softmax_saves_input:
         lines.append("softmax and log_softmax keep their input as well as their output for "
                      "backward, as torch < 1.11 did (pytorch #49600; fixed by #66018)")

@@ -60,3 +60,6 @@ class Report(BaseModel):
     """Whether the DataLoader keeps the GPU busy; None without a step and a sample time."""
     host: HostReport | None = None
     """Host RAM of the training process and the DataLoader worker counts that fit."""
+    validation: DeviceReport | None = None
+    """The job's validation step (``spec.eval_sample_shape``) with the optimizer's state
+    resident: its peak joins the verdict; None when the job has none."""

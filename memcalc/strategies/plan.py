@@ -48,9 +48,10 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
     if spec.gpu is None or spec.device is not DeviceKind.CUDA:
         raise InputError("the strategy planner needs a GPU for capacity and speed: give --gpu "
                          "(see `memcalc gpus`)")
-    if spec.phase is StepPhase.EVAL:
-        raise InputError("the strategy planner plans training jobs; for an evaluation step "
-                         "(--phase eval) use `memcalc estimate` or `memcalc check`")
+    if spec.phase is StepPhase.EVAL or spec.eval_sample_shape is not None:
+        raise InputError("the strategy planner plans the training step; for an evaluation "
+                         "step (--phase eval, --eval-shape) use `memcalc estimate` or "
+                         "`memcalc check`")
     gpu = find_gpu(spec.gpu)
     model = estimator.model(spec)
     variants, not_traced = traced_variants(spec, _variant_context(spec, gpu, model), estimator)

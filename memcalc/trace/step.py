@@ -69,6 +69,21 @@ class StepObserver:
         """The loss was computed."""
 
 
+def prime_optimizer_state(optimizer: torch.optim.Optimizer, keep_grads: bool,
+                          observer: StepObserver) -> None:
+    """The state a training job's optimizer holds while it validates: one step over zero
+    gradients makes it as the first real step does, then the gradients go (``keep_grads``:
+    kept, zeroed, as ``zero_grad(set_to_none=False)`` leaves them)."""
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.requires_grad:
+                param.grad = torch.zeros_like(param)
+    observer.enter(Phase.OPTIMIZER)
+    optimizer.step()
+    observer.enter(Phase.ZERO_GRAD)
+    optimizer.zero_grad(set_to_none=not keep_grads)
+
+
 class TrainingIteration:
     """The step as a callable: each call runs one iteration and returns the output's shape.
     Output and loss are released when the call returns; the target is made once and kept.

@@ -45,7 +45,7 @@ from memcalc.trace.precision import PrecisionPolicy
 from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import ZeroHalos, apply_halo_exchange
 from memcalc.trace.interrupts import DeferredInterrupts
-from memcalc.trace.step import StepBody, TrainingIteration
+from memcalc.trace.step import StepBody, TrainingIteration, prime_optimizer_state
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
 from memcalc.trace.workspaces import ConvWorkspaces
@@ -99,6 +99,8 @@ class StepSetup:
     iterations: int = 2
     evaluation: GradMode | None = None
     """An evaluation step under this grad mode (``StepBody.evaluation``); None: training."""
+    optimizer_state_held: bool = False
+    """The evaluation step runs with the job's optimizer state resident (``prime_optimizer_state``)."""
     parallel: ParallelSpec | None = None
     """One rank of a distributed job: traced in a fake process group of its world size, the
     model wrapped as ``memcalc.distributed.parallelize`` applies the layout."""
@@ -260,6 +262,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                                            steps) if stages is None else
                          stages.iteration(setup, job_model, batch, optimizer, observer, steps))
             try:
+                if setup.optimizer_state_held:
+                    prime_optimizer_state(optimizer, setup.keep_zeroed_grads, observer)
                 output_shape = _iterations(setup, iteration, cursor, offload, halo)
                 steps.finish()
             finally:   # the counter is the innermost mode: it must leave before the others
