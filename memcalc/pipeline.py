@@ -83,7 +83,7 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
                     progress: Progress | None) -> Report:
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
-    plan = batch_plan(prepared, usable, spec.parallel) if usable is not None else None
+    plan = batch_plan(prepared, usable, step) if usable is not None else None
     batch_size = spec.batch_size or reported_batch(plan, spec, step)
     device = prepared.device_report(batch_size)
     if plan is not None:

@@ -7,20 +7,18 @@ from __future__ import annotations
 from memcalc.device.batch_search import plan_batch_in_steps, plan_batch_on_line
 from memcalc.device.card_fit import COMMON_CARDS, card_fits
 from memcalc.device.report import BatchPlan, CardFit
-from memcalc.distributed.specs import ParallelSpec
 from memcalc.prepared_step import PreparedStep
 from memcalc.specs import TrainingSpec
 
 
-def batch_plan(prepared: PreparedStep, usable: int, parallel: ParallelSpec | None) -> BatchPlan:
-    """The batch plan: searched by tracing; on the line through two traced batches where a
-    trace runs every microbatch (a pipeline) or every window (a sliding window), so large
-    batches are not traced."""
+def batch_plan(prepared: PreparedStep, usable: int, step: int) -> BatchPlan:
+    """The batch plan in multiples of ``step``: searched by tracing; on the line through two
+    traced batches where a trace runs every microbatch (a pipeline) or every window (a
+    sliding window), so large batches are not traced."""
     line = line_batches(prepared.spec)
     if line is None:
-        return plan_batch_in_steps(prepared.device_report, usable, 1)
-    return plan_batch_on_line(prepared.device_report, usable, parallel.batch_step
-                              if parallel else 1, *line)
+        return plan_batch_in_steps(prepared.device_report, usable, step)
+    return plan_batch_on_line(prepared.device_report, usable, step, *line)
 
 
 def line_batches(spec: TrainingSpec) -> tuple[int, int] | None:
