@@ -24,6 +24,7 @@ from memcalc.model.source import model_reference, resolve_model
 from memcalc.pipeline import estimate as estimate_spec
 from memcalc.pipeline import training_step_flops
 from memcalc.report.assumptions import TRACE_FAILED_PREFIX
+from memcalc.device.report import DeviceReport
 from memcalc.report.models import Report
 from memcalc.report_pool import ReportPool, workers_for
 from memcalc.specs import StepPhase, TrainingSpec
@@ -207,8 +208,10 @@ def check_spec(spec: TrainingSpec) -> Report:
                          "--gpu NAME or --gpu-memory SIZE")
     report = estimate_spec(spec)
     problems = _problems(report)
-    if report.device.method != "traced" and not problems:
-        raise UntracedEstimateError(_untraced_message(report), report=report)
+    untraced = [device for device in (report.device, report.validation)
+                if device is not None and device.method != "traced"]
+    if untraced and not problems:    # nor does a static validation step show that it fits
+        raise UntracedEstimateError(_untraced_message(report, untraced[0]), report=report)
     if not problems:
         return report
     # the planner varies a one-GPU job; a distributed layout is checked as given
@@ -218,11 +221,11 @@ def check_spec(spec: TrainingSpec) -> Report:
     raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
 
 
-def _untraced_message(report: Report) -> str:
-    device = report.device
+def _untraced_message(report: Report, device: DeviceReport) -> str:
+    step = "validation" if device is report.validation else "training"
     why = next((line.removeprefix(TRACE_FAILED_PREFIX).split(";")[0]
                 for line in report.unsupported if line.startswith(TRACE_FAILED_PREFIX)), "")
-    return (f"fit unknown: the training step could not be traced ({why or 'see the report'}); "
+    return (f"fit unknown: the {step} step could not be traced ({why or 'see the report'}); "
             f"the static lower bound for batch {device.batch_size} is "
             f"{format_bytes(device.total_bytes)} of {format_bytes(device.plan.usable_bytes)} "
             "usable, which does not show that it fits")

@@ -106,3 +106,13 @@ def test_check_fails_a_job_whose_validation_does_not_fit_though_training_does():
     assert caught.value.report.device.fits and not caught.value.report.validation.fits
     with pytest.raises(ValueError, match="with --phase eval the evaluated sample is --shape"):
         TrainingSpec(model="gpt2", phase="eval", eval_sample_shape=(128,))
+
+
+def test_check_never_passes_a_job_whose_validation_step_could_only_be_counted_statically():
+    from memcalc.errors import UntracedEstimateError
+
+    args = dict(batch_size=2, gpu_memory_bytes=4 << 30, eval_sample_shape=(16,))
+    with pytest.raises(UntracedEstimateError, match="the validation step could not be traced"):
+        memcalc.check("tests.fixtures.user_builders:numpy_in_eval", (16,), **args)
+    report = memcalc.estimate("tests.fixtures.user_builders:numpy_in_eval", (16,), **args)
+    assert report.device.method == "traced" and report.validation.method == "static"
