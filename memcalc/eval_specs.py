@@ -37,10 +37,19 @@ class WindowMode(str, Enum):
     GAUSSIAN = "gaussian"
 
 
+class BufferDevice(str, Enum):
+    """Where a sliding window keeps a whole-volume tensor."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+    """Host RAM: MONAI moves each window to the GPU (``sw_device``) and back."""
+
+
 class SlidingWindowSpec(BaseModel):
     """Whole volumes evaluated window by window, as ``monai.inferers.sliding_window_inference``
     does: the sample shape is the whole volume, the windows run the model ``sw_batch_size`` at
-    a time, and the output and count map of the whole volume are aggregated on the GPU."""
+    a time on the GPU, and the output and count map of the whole volume are aggregated where
+    ``output_device`` says (MONAI's ``device``; by default the volume's)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -49,6 +58,21 @@ class SlidingWindowSpec(BaseModel):
     sw_batch_size: int = Field(default=1, ge=1)
     overlap: float = Field(default=0.25, ge=0.0, lt=1.0)
     mode: WindowMode = WindowMode.CONSTANT
+    volume_device: BufferDevice = BufferDevice.GPU
+    """Where the whole volume lives (MONAI's ``inputs``); ``cpu``: in host RAM, each window
+    batch copied to the GPU (``sw_device="cuda"``)."""
+    output_device: BufferDevice | None = None
+    """Where the output and count map are aggregated (MONAI's ``device``); None: the
+    volume's device, MONAI's default."""
+
+    @property
+    def aggregated_on(self) -> BufferDevice:
+        return self.output_device or self.volume_device
+
+    @property
+    def uses_host(self) -> bool:
+        """The volume or the aggregation lives in host RAM."""
+        return BufferDevice.CPU in (self.volume_device, self.aggregated_on)
 
     @field_validator("roi")
     @classmethod

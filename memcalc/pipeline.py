@@ -21,6 +21,7 @@ from memcalc.errors import InputError, TraceError
 from memcalc.feed.sizing import HostInputs, host_and_throughput
 from memcalc.host import WorkerMeasurement, detect_machine, measure_worker
 from memcalc.host.specs import check_workers_within_cpus
+from memcalc.host.workers import idle_workers_bytes
 from memcalc.host.measure import Progress
 from memcalc.model.inputs import ModelInputs, family_of
 from memcalc.model.layout import CONV_TYPES, LayoutDecision
@@ -61,26 +62,31 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
         validating = spec.validation_spec()
         if validating is None:
             return report
-        validation = _estimate(validating, progress, layer_tables, card_fits=False)
-        return report.model_copy(update={"validation": validation.device})
+        idle = idle_workers_bytes(report.host) if report.host else 0
+        validation = _estimate(validating, progress, layer_tables, card_fits=False,
+                               resident_worker_bytes=idle)
+        return report.model_copy(update={"validation": validation.device,
+                                         "validation_host": validation.host})
 
 
 def _estimate(spec: TrainingSpec, progress: Progress | None,
-              layer_tables: dict[str, tuple] | None, card_fits: bool) -> Report:
+              layer_tables: dict[str, tuple] | None, card_fits: bool,
+              resident_worker_bytes: int = 0) -> Report:
     if spec.machine is None:      # checked now, not after the trace, on the detected machine
         _workers_within_cpus(spec.loader, detect_machine())
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
     prepared = _prepare(spec, measurement, layer_tables)
     try:
-        return _planned_report(spec, prepared, measurement, card_fits, progress)
+        return _planned_report(spec, prepared, measurement, card_fits, progress,
+                               resident_worker_bytes)
     finally:     # what the model's own hooks kept of the trace's tensors
         clear_traced_tensors(prepared.model)
 
 
 def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
                     measurement: WorkerMeasurement | None, card_fits: bool,
-                    progress: Progress | None) -> Report:
+                    progress: Progress | None, resident_worker_bytes: int) -> Report:
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
     plan = batch_plan(prepared, usable, step) if usable is not None else None
@@ -94,7 +100,7 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
     static = prepared.static_at(batch_size)
     host, throughput = host_and_throughput(HostInputs(
         spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
-        prepared.target.gpu, measurement), progress)
+        prepared.target.gpu, measurement, resident_worker_bytes), progress)
     return _report(prepared, device, static, host, throughput)
 
 
@@ -168,8 +174,9 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
     policy = precision_policy(spec.precision)
     model_inputs = inputs.model_inputs(policy.batch_dtype)
     positional = model_inputs.positional
-    build = (windowed(source.copier(model), spec.evaluated_window, layout.traced_sample_shape)
-             if spec.evaluated_window else source.copier(model))
+    window, cuda = spec.evaluated_window, spec.device is DeviceKind.CUDA
+    build = (windowed(source.copier(model), window, layout.traced_sample_shape, host_split=cuda)
+             if window else source.copier(model))
     setup = StepSetup(build, (1, *layout.traced_sample_shape),
                       positional.dtype if positional else torch.float32, spec.loss,
                       classes_last=token_inputs(inputs),
@@ -190,7 +197,8 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       positional_input=positional is not None,
                       boxes_per_image=spec.boxes_per_image, parallel=spec.parallel,
                       evaluation=spec.eval_grad_mode if spec.phase is StepPhase.EVAL else None,
-                      optimizer_state_held=spec.eval_holds_optimizer_state)
+                      optimizer_state_held=spec.eval_holds_optimizer_state,
+                      host_tensors=bool(cuda and window and window.uses_host))
     layers, leaf_output_elements, table_error = _layer_table(
         spec, model, inputs.model_inputs(), layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())

@@ -9,7 +9,7 @@ import click
 
 from memcalc.cli.types import FiniteFloatRange, ShapeType, enum_choice
 from memcalc.errors import InputError
-from memcalc.eval_specs import GradMode, SlidingWindowSpec, StepPhase, WindowMode
+from memcalc.eval_specs import BufferDevice, GradMode, SlidingWindowSpec, StepPhase, WindowMode
 
 EVAL_OPTIONS = [
     click.option("--phase", type=enum_choice(StepPhase), default="train", show_default=True,
@@ -35,10 +35,17 @@ EVAL_OPTIONS = [
                  help="Share of a window overlapping its neighbours [default: 0.25]."),
     click.option("--sw-mode", type=enum_choice(WindowMode),
                  help="How overlapping windows are weighted [default: constant]."),
+    click.option("--volume-device", type=enum_choice(BufferDevice),
+                 help="Where the whole volume lives (MONAI's inputs): 'cpu' keeps it in host "
+                      "RAM and copies each window batch to the GPU [default: gpu]."),
+    click.option("--output-device", type=enum_choice(BufferDevice),
+                 help="Where the output and count map are aggregated (MONAI's device): 'cpu' "
+                      "puts them in host RAM [default: the volume's]."),
 ]
 
 _WINDOW_OPTIONS = {"sw_batch_size": "--sw-batch-size", "overlap": "--overlap",
-                   "sw_mode": "--sw-mode"}
+                   "sw_mode": "--sw-mode", "volume_device": "--volume-device",
+                   "output_device": "--output-device"}
 
 
 def sliding_window_from_options(options: dict[str, Any]) -> SlidingWindowSpec | None:
@@ -53,5 +60,6 @@ def sliding_window_from_options(options: dict[str, Any]) -> SlidingWindowSpec | 
                              "--roi D,H,W (and --phase eval or --eval-shape)")
         return None
     fields = {"sw_batch_size": given["sw_batch_size"], "overlap": given["overlap"],
-              "mode": given["sw_mode"]}
+              "mode": given["sw_mode"], "volume_device": given["volume_device"],
+              "output_device": given["output_device"]}
     return SlidingWindowSpec(roi=roi, **{k: v for k, v in fields.items() if v is not None})

@@ -17,6 +17,7 @@ OPTION_FIELDS: dict[str, str] = {
     "eval_grad_mode": "eval_grad_mode", "eval_shape": "eval_sample_shape",
     "eval_batch_size": "eval_batch_size", "roi": "sliding_window",
     "sw_batch_size": "sliding_window", "overlap": "sliding_window", "sw_mode": "sliding_window",
+    "volume_device": "sliding_window", "output_device": "sliding_window",
     "clip_grad_norm": "clip_grad_norm", "precision": "precision",
     "checkpointing": "activation_checkpointing", "offload_activations": "offload_activations",
     "spatial_parts": "spatial_parts", "device": "device", "gpu": "gpu",

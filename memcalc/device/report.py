@@ -187,6 +187,10 @@ class DeviceReport(BaseModel):
     """Live bytes over the traced iterations, for the timeline picture."""
     offloaded_bytes: int = 0
     """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
+    host_tensor_bytes: int = 0
+    """Peak host RAM of the tensors the step makes on the CPU (a sliding window's output
+    aggregated there, the windows gathered from a volume there), its input batch aside;
+    not part of the GPU's figures."""
     halo_exchange_bytes: int = 0
     """Halo rows one GPU receives in one iteration under spatial parallelism."""
     stage_peak_bytes: list[int] = []

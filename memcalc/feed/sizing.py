@@ -29,6 +29,8 @@ class HostInputs:
     """The device report at the batch the job runs (its batch size and FLOPs)."""
     gpu: GpuSpec | None = None
     measurement: WorkerMeasurement | None = None
+    resident_worker_bytes: int = 0
+    """Another loader's persistent workers alive beside this one (``HostSpec``)."""
 
 
 def host_and_throughput(inputs: HostInputs, progress: Progress | None = None
@@ -77,6 +79,8 @@ def _host_spec(inputs: HostInputs) -> HostSpec:
         model_bytes=inputs.static.parameter_bytes + inputs.static.buffer_bytes,
         cpu_step_bytes=device.total_bytes if spec.device is DeviceKind.CPU else 0,
         offloaded_activation_bytes=device.offloaded_bytes,
+        host_tensor_bytes=device.host_tensor_bytes,
+        resident_worker_bytes=inputs.resident_worker_bytes,
         cuda=spec.device is DeviceKind.CUDA, machine=spec.machine or detect_machine(),
         loader=spec.loader.model_copy(update={"sample_dtype": spec.loader.sample_dtype
                                               or inputs.input_dtype}))

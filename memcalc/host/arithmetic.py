@@ -93,6 +93,14 @@ def main_terms(spec: HostSpec, batch: int, num_workers: int, torch_process_bytes
         terms.append(HostTerm(name="offloaded activations", count=1, per_worker=False,
                               bytes_each=spec.offloaded_activation_bytes,
                               note="pinned copies of saved tensors (save_on_cpu)"))
+    if spec.host_tensor_bytes:
+        terms.append(HostTerm(name="step's tensors on the CPU", count=1, per_worker=False,
+                              bytes_each=spec.host_tensor_bytes,
+                              note="sliding-window output and windows in host RAM (traced)"))
+    if spec.resident_worker_bytes:
+        terms.append(HostTerm(name="training loader's workers", count=1, per_worker=False,
+                              bytes_each=spec.resident_worker_bytes,
+                              note="persistent workers, idle while validation runs"))
     held = pinned_block_bytes(batch) if spec.pin_memory else batch
     terms.append(HostTerm(name=HELD_BATCH, bytes_each=held, count=1,
                           per_worker=False, note="held until the next batch replaces it"

@@ -115,6 +115,12 @@ class HostSpec(BaseModel):
     loading, before the workers start (then on CUDA they move to the GPU)."""
     offloaded_activation_bytes: int = Field(default=0, ge=0)
     """Pinned host memory of activations offloaded from the GPU (``save_on_cpu``)."""
+    host_tensor_bytes: int = Field(default=0, ge=0)
+    """Tensors the step itself makes in host RAM beside the batch (a sliding window's output
+    aggregated on the CPU, windows gathered from a volume there), at their peak."""
+    resident_worker_bytes: int = Field(default=0, ge=0)
+    """Another loader's persistent workers, idle but alive while this one runs (the training
+    loader's during validation)."""
     workers_needed: int | None = Field(default=None, ge=0)
     """Workers the feeding model says keep the GPU busy; None: as many as CPUs allow."""
     cpu_step_bytes: int = Field(default=0, ge=0)

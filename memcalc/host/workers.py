@@ -163,6 +163,16 @@ def _measured_worker_terms(spec: HostSpec, measured: WorkerMeasurement, batch: i
     ]
 
 
+def idle_workers_bytes(host: HostReport) -> int:
+    """What the loader's workers keep between epochs when they persist: each worker's own
+    terms without the samples it collates and the batches it has in flight."""
+    if not host.spec.loader.persistent_workers:
+        return 0
+    kept = [term for term in host.worker_terms if term.name != "samples being collated"
+            and term.name != in_flight_term(host.spec, host.batch_bytes).name]
+    return host.num_workers * _sum(kept)
+
+
 def _sum(terms: list[HostTerm]) -> int:
     return sum(term.total_bytes for term in terms)
 

@@ -7,26 +7,52 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import nn
 
 from memcalc.errors import InputError
-from memcalc.eval_specs import SlidingWindowSpec
+from memcalc.eval_specs import BufferDevice, SlidingWindowSpec
+from memcalc.model.inputs import ModelCall, ModelInputs, register_family
+
+HOST_DEVICE = torch.device("meta")
+"""Where a traced step makes the tensors it keeps in host RAM: the storage watcher leaves
+``meta`` tensors out of the GPU's ledger and ``memcalc.trace.host_tensors`` counts them."""
 
 
 class SlidingWindow(nn.Module):
-    """``net`` evaluated over a whole volume by ``sliding_window_inference`` (its defaults:
-    the output and count map on the input's device, no buffered steps)."""
+    """``net`` evaluated over a whole volume by ``sliding_window_inference`` (no buffered
+    steps). With ``host_split`` the volume and the aggregation the spec puts on the CPU are
+    made on ``HOST_DEVICE`` (MONAI's ``inputs`` and ``device``) and the windows run on the
+    net's device (``sw_device``); without it everything stays on the step's one device."""
 
-    def __init__(self, net: nn.Module, spec: SlidingWindowSpec) -> None:
+    def __init__(self, net: nn.Module, spec: SlidingWindowSpec, host_split: bool = False) -> None:
         super().__init__()
-        self.net, self.spec = net, spec
+        self.net, self.spec, self.host_split = net, spec, host_split
+
+    @property
+    def volume_on_host(self) -> bool:
+        return self.host_split and self.spec.volume_device is BufferDevice.CPU
 
     def forward(self, volume):
         from monai.inferers import sliding_window_inference
 
         spec = self.spec
+        devices = {}
+        if self.host_split:
+            window_device = next((p.device for p in self.net.parameters()), torch.device("cpu"))
+            place = {BufferDevice.GPU: window_device, BufferDevice.CPU: HOST_DEVICE}
+            devices = {"sw_device": window_device, "device": place[spec.aggregated_on]}
         return sliding_window_inference(volume, spec.roi, spec.sw_batch_size, self.net,
-                                        overlap=spec.overlap, mode=spec.mode.value)
+                                        overlap=spec.overlap, mode=spec.mode.value, **devices)
+
+
+@register_family("volume in host RAM",
+                 lambda model: isinstance(model, SlidingWindow) and model.volume_on_host)
+def _host_volume_call(model: nn.Module, inputs: ModelInputs, batch_size: int) -> ModelCall:
+    """The whole volumes on ``HOST_DEVICE``: MONAI copies each window batch to the GPU."""
+    volume = inputs.positional
+    return ModelCall((torch.empty((batch_size, *volume.sample_shape), dtype=volume.dtype,
+                                  device=HOST_DEVICE),))
 
 
 def monai_version() -> str:
@@ -40,13 +66,14 @@ def monai_version() -> str:
 
 
 def windowed(build: Callable[[], nn.Module], spec: SlidingWindowSpec,
-             sample_shape: tuple[int, ...]) -> Callable[[], nn.Module]:
+             sample_shape: tuple[int, ...], host_split: bool = False) -> Callable[[], nn.Module]:
     """``build`` wrapped so each copy evaluates whole volumes of ``sample_shape`` (channels
-    first) window by window; the window's dimensions are checked against the volume's."""
+    first) window by window; the window's dimensions are checked against the volume's.
+    ``host_split``: the step runs on a GPU, so what the spec keeps on the CPU is host RAM."""
     spatial = sample_shape[1:]
     if len(spec.roi) != len(spatial):
         raise InputError(f"the window --roi {','.join(map(str, spec.roi))} has {len(spec.roi)} "
                          f"dims but the volume {','.join(map(str, sample_shape))} has "
                          f"{len(spatial)} spatial dims (after its channels)")
     monai_version()
-    return lambda: SlidingWindow(build(), spec)
+    return lambda: SlidingWindow(build(), spec, host_split and spec.uses_host)

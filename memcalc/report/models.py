@@ -63,3 +63,7 @@ class Report(BaseModel):
     validation: DeviceReport | None = None
     """The job's validation step (``spec.eval_sample_shape``) with the optimizer's state
     resident: its peak joins the verdict; None when the job has none."""
+    validation_host: HostReport | None = None
+    """Host RAM while the job validates: the validation loader's workers and whole volumes,
+    what the validation step keeps on the CPU, and the training loader's persistent
+    workers; None when the job has no validation step."""

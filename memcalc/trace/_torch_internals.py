@@ -221,7 +221,10 @@ class StorageWatcher(TorchDispatchMode):
         self.op_names: set[str] = set()
 
     def watch(self, tensor: torch.Tensor) -> object | None:
-        """Start tracking ``tensor``'s storage if new; return its token (None if empty)."""
+        """Start tracking ``tensor``'s storage if new; return its token (None if empty or
+        not the device's: a ``meta`` tensor is the host's, ``memcalc.trace.host_tensors``)."""
+        if tensor.device.type == "meta":
+            return None
         storage = tensor.untyped_storage()
         if storage in self._known:
             return self._known[storage][0]

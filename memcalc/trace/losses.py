@@ -73,7 +73,7 @@ def make_target(loss: LossKind, output: torch.Tensor, classes_last: bool) -> tor
         )
     class_dim = output.dim() - 1 if classes_last else 1
     target_shape = [size for dim, size in enumerate(output.shape) if dim != class_dim]
-    return torch.zeros(target_shape, dtype=torch.int64)
+    return torch.zeros(target_shape, dtype=torch.int64, device=output.device)
 
 
 def compute_loss(loss: LossKind, output: torch.Tensor, target: torch.Tensor | None,

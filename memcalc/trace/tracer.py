@@ -39,6 +39,7 @@ from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError, at_user_frame, first_line
 from memcalc.model.inputs import InputTensor, ModelCall, ModelInputs, make_call
 from memcalc.trace.ledger import MemoryLedger, StorageRecord
+from memcalc.trace.host_tensors import HostTensorCounter
 from memcalc.trace.offload import OffloadCounter
 from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
@@ -97,6 +98,9 @@ class StepSetup:
     positional_input: bool = True
     boxes_per_image: int = 8
     iterations: int = 2
+    host_tensors: bool = False
+    """The step keeps tensors in host RAM (a sliding window's volume or aggregation on the
+    CPU): ``memcalc.trace.host_tensors`` counts them."""
     evaluation: GradMode | None = None
     """An evaluation step under this grad mode (``StepBody.evaluation``); None: training."""
     optimizer_state_held: bool = False
@@ -132,6 +136,9 @@ class TraceResult:
     """FLOPs of the first iteration's forward, loss and backward."""
     offloaded_bytes: int = 0
     """Host bytes the offloaded activations of one iteration take (0 without offloading)."""
+    host_bytes: int = 0
+    """Peak of the tensors the step makes in host RAM (``StepSetup.host_tensors``), its
+    input batch aside."""
     halo_bytes: int = 0
     """Halo rows one rank receives in one iteration (0 without spatial parallelism)."""
     cudnn_calls: int = 0
@@ -244,8 +251,11 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     legacy = LegacyAutogradMode(setup.softmax_saves_input)
     offload = OffloadCounter()
     bounded = BoundedOps()     # below the watcher, which then records what its rules make
+    host = HostTensorCounter()   # not the batch: the host estimate holds it already
+    host.watch(batch.tensors(), counted=False)
     try:
-        with bounded, watcher, legacy, kernels or contextlib.nullcontext():
+        with (bounded, watcher, legacy, kernels or contextlib.nullcontext(),
+              host if setup.host_tensors else contextlib.nullcontext()):
             job_model = wrapped(setup.parallel, model, False, mesh) if stages is None else model
             optimizer = job_optimizer(setup.parallel, mesh,
                                       lambda params: setup.optimizer.build(params, setup.foreach),
@@ -272,7 +282,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
         for handle in handles:
             handle.remove()
     return TraceResult(ledger, output_shape, frozenset(watcher.op_names), observer.flops,
-                       offload.peak_bytes, halo.peak_bytes,
+                       offload.peak_bytes, host.peak_bytes, halo.peak_bytes,
                        workspaces.calls if workspaces else 0, bounded.uses(),
                        dict(kernels.target.attention_backends) if kernels else {},
                        tuple(sorted(kernels.target.unmodelled)) if kernels else ())

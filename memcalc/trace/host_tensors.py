@@ -1,0 +1,51 @@
+"""Tensors a traced step keeps in host RAM beside the GPU ones: a sliding window's volume and
+its output aggregation when they live on the CPU (MONAI's ``inputs`` and ``device``).
+
+In the trace such tensors are made on the ``meta`` device (``HOST_DEVICE``), which the storage
+watcher leaves out of the GPU ledger; this counter follows them instead, from the ops that make
+them to their garbage collection, and keeps the peak of their live bytes.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from memcalc.model.sliding_window import HOST_DEVICE
+from memcalc.trace._torch_internals import OpInterceptor, tree_flatten
+
+
+class HostTensorCounter(OpInterceptor):
+    """Live and peak bytes of the ``HOST_DEVICE`` storages the step makes (each once)."""
+
+    def __init__(self) -> None:
+        super().__init__(self._op)
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._known: dict[int, tuple[int, weakref.ref]] = {}
+
+    def watch(self, tensors, counted: bool = True) -> None:
+        """Count these tensors' host storages, if not yet known; ``counted`` False: know
+        them (views of them are not new) but leave them out of the bytes."""
+        for tensor in tensors:
+            if isinstance(tensor, torch.Tensor) and tensor.device == HOST_DEVICE:
+                self._add(tensor.untyped_storage(), counted)
+
+    def _op(self, func, args, kwargs):
+        out = func(*args, **kwargs)
+        self.watch(tree_flatten(out)[0])
+        return out
+
+    def _add(self, storage: torch.UntypedStorage, counted: bool) -> None:
+        key = id(storage)
+        if key in self._known or storage.nbytes() == 0:
+            return
+        nbytes = storage.nbytes() if counted else 0
+        self._known[key] = (nbytes, weakref.ref(storage, lambda _ref, key=key: self._died(key)))
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    def _died(self, key: int) -> None:
+        nbytes, _ = self._known.pop(key, (0, None))
+        self.live_bytes -= nbytes
