@@ -247,6 +247,11 @@ def _problems(report: Report) -> list[str]:
                         f"{format_bytes(validation.total_bytes)} on the GPU, "
                         f"{format_bytes(validation.capacity_bytes - validation.headroom_bytes)} "
                         "usable")
+    validation_host = report.validation_host
+    if validation_host is not None and not validation_host.fits:
+        problems.append(f"validation needs {format_bytes(validation_host.peak_bytes)} of host "
+                        f"RAM at {counted(validation_host.num_workers, 'DataLoader worker')}, "
+                        f"{format_bytes(validation_host.usable_bytes)} usable")
     if host is not None and not host.fits:
         problems.append(f"{counted(host.num_workers, 'DataLoader worker')} need "
                         f"{format_bytes(host.peak_bytes)} of host RAM, "

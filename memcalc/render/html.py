@@ -3,8 +3,10 @@ registers these with IPython)."""
 
 from __future__ import annotations
 
+import re
 from html import escape
 
+from memcalc.render.validation import validation_lines
 from memcalc.render.verdict import verdict_line
 from memcalc.report.models import Report
 from memcalc.strategies.report import StrategyPlan
@@ -49,6 +51,10 @@ def report_html(report: Report) -> str:
         t = report.throughput
         parts.append(f"<p>feeding: <b>{escape(t.bound)}-bound</b>, GPU busy "
                      f"{t.expected_gpu_utilization:.0%} with {counted(t.num_workers, 'worker')}</p>")
+    lines = validation_lines(report)
+    if lines:
+        parts.append("<p><b>validation</b>: " + "<br>".join(
+            escape(re.sub(r"\[/?[a-z ]*\]", "", line)) for line in lines) + "</p>")
     if report.host is not None:
         h = report.host
         parts.append(f"<p>host: {counted(h.max_num_workers, 'worker')} fit, recommended "

@@ -11,6 +11,7 @@ from memcalc.render.feed import throughput_renderable
 from memcalc.render.cards import cards_line, cards_table
 from memcalc.render.helpers import bullets
 from memcalc.render.host import host_renderable
+from memcalc.render.validation import validation_renderable
 from memcalc.report.models import Report
 from memcalc.report.assumptions import step_name
 from memcalc.units import counted, format_bytes, format_count
@@ -46,6 +47,8 @@ def report_renderable(report: Report, show_layers: bool = False, details: bool =
         parts.append(throughput_renderable(report.throughput))
     if report.host is not None:
         parts.append(host_renderable(report.host, details))
+    if report.validation is not None:
+        parts.append(validation_renderable(report))
     warnings = [line for line in report.assumptions if line.startswith("WARNING")]
     if warnings and not details:      # shown without asking
         parts.append(bullets("Warnings", warnings))

@@ -26,10 +26,22 @@ def verdict_line(report: Report) -> str:
         fits = "FIT UNKNOWN (STATIC)"
     if validation.fits is False and line.startswith("FITS"):
         line = "DOES NOT FIT in validation; training" + line.removeprefix("FITS")
+    elif validation.fits is None and validation.kind == "cuda" and fits == "fit unknown":
+        fits = _smallest_card(validation.total_bytes)
+    host = report.validation_host
+    if host is not None and not host.fits:
+        fits += f"; DOES NOT FIT in host RAM ({format_bytes(host.peak_bytes)})"
     sets = ("validation" if validation.total_bytes > report.device.total_bytes
             else "training")
     return (f"{line}; validation: batch {validation.batch_size} needs "
             f"{format_bytes(validation.total_bytes)}, {fits}; {sets} sets the job's peak")
+
+
+def _smallest_card(total_bytes: int) -> str:
+    fitting = [gpu for gpu in gpu_catalog() if gpu.memory_bytes >= total_bytes]
+    if not fitting:
+        return "more than any GPU"
+    return f"smallest card {min(fitting, key=lambda gpu: gpu.memory_bytes).name}"
 
 
 def _step_verdict(report: Report) -> str:
