@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from functools import partial
 
 import torch
 
@@ -27,7 +28,8 @@ from memcalc.model.inputs import ModelInputs, family_of
 from memcalc.model.layout import CONV_TYPES, LayoutDecision
 from memcalc.model.step_inputs import resolve_step_inputs, token_inputs
 from memcalc.model.source import display_name, resolve_model
-from memcalc.planned_batch import batch_plan, card_fits_of, line_batches, reported_batch
+from memcalc.planned_batch import (batch_plan, card_fits_of, line_batches, reported_batch,
+                                   window_plan)
 from memcalc.prepared_step import PreparedStep
 from memcalc.report.assumptions import (
     assumptions,
@@ -79,14 +81,15 @@ def _estimate(spec: TrainingSpec, progress: Progress | None,
     prepared = _prepare(spec, measurement, layer_tables)
     try:
         return _planned_report(spec, prepared, measurement, card_fits, progress,
-                               resident_worker_bytes)
+                               resident_worker_bytes, layer_tables)
     finally:     # what the model's own hooks kept of the trace's tensors
         clear_traced_tensors(prepared.model)
 
 
 def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
                     measurement: WorkerMeasurement | None, card_fits: bool,
-                    progress: Progress | None, resident_worker_bytes: int) -> Report:
+                    progress: Progress | None, resident_worker_bytes: int,
+                    layer_tables: dict[str, tuple] | None) -> Report:
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
     plan = batch_plan(prepared, usable, step) if usable is not None else None
@@ -94,6 +97,9 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
     device = prepared.device_report(batch_size)
     if plan is not None:
         device = device.model_copy(update={"plan": plan})
+    windows = window_plan(prepared, device, partial(_report_at, layer_tables=layer_tables))
+    if windows is not None:
+        device = device.model_copy(update={"window_plan": windows})
     elif (card_fits and step == 1 and spec.device is DeviceKind.CUDA
           and device.method == "traced" and line_batches(spec) is None):
         device = device.model_copy(update={"card_fits": card_fits_of(prepared)})
@@ -102,6 +108,16 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
         spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
         prepared.target.gpu, measurement, resident_worker_bytes), progress)
     return _report(prepared, device, static, host, throughput)
+
+
+def _report_at(spec: TrainingSpec, batch_size: int,
+               layer_tables: dict[str, tuple] | None) -> DeviceReport:
+    """The device report of a variant of the job at one batch (a trace, nothing else)."""
+    prepared = _prepare(spec, None, layer_tables)
+    try:
+        return prepared.device_report(batch_size)
+    finally:
+        clear_traced_tensors(prepared.model)
 
 
 def _workers_within_cpus(loader, machine) -> None:

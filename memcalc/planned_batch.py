@@ -4,9 +4,13 @@ microbatches, a sliding window's windows); and the largest batch on each common 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from memcalc.device.batch_search import plan_batch_in_steps, plan_batch_on_line
 from memcalc.device.card_fit import COMMON_CARDS, card_fits
-from memcalc.device.report import BatchPlan, CardFit
+from memcalc.device.report import BatchPlan, CardFit, DeviceReport, WindowPlan
+from memcalc.device.window_search import plan_sw_batch
+from memcalc.model.sliding_window import windows_per_volume
 from memcalc.prepared_step import PreparedStep
 from memcalc.specs import TrainingSpec
 
@@ -45,3 +49,21 @@ def card_fits_of(prepared: PreparedStep) -> list[CardFit]:
                      {card: target.usable_bytes for card, target in targets.items()},
                      {card: target.capacity_bytes for card, target in targets.items()},
                      traced=lambda: set(prepared.traces))
+
+
+def window_plan(prepared: PreparedStep, device: DeviceReport,
+                report_of: Callable[[TrainingSpec, int], DeviceReport]) -> WindowPlan | None:
+    """The largest ``sw_batch_size`` that fits at the report's batch of volumes, for a
+    sliding window evaluated on a GPU of known size (``report_of(spec, batch)`` traces a
+    variant); None otherwise."""
+    spec, window = prepared.spec, prepared.spec.evaluated_window
+    if window is None or device.capacity_bytes is None or device.method != "traced":
+        return None
+    spatial = prepared.layout.traced_sample_shape[1:]
+    windows = windows_per_volume(window, spatial) * device.batch_size
+
+    def report_at(size: int) -> DeviceReport:
+        variant = window.model_copy(update={"sw_batch_size": size})
+        return report_of(spec.with_changes(sliding_window=variant), device.batch_size)
+    return plan_sw_batch(report_at, windows, window.sw_batch_size,
+                         known={window.sw_batch_size: device})

@@ -187,6 +187,8 @@ class DeviceReport(BaseModel):
     """Live bytes over the traced iterations, for the timeline picture."""
     offloaded_bytes: int = 0
     """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
+    window_plan: WindowPlan | None = None
+    """A sliding window's evaluation on a GPU: the largest ``sw_batch_size`` that fits."""
     host_tensor_bytes: int = 0
     """Peak host RAM of the tensors the step makes on the CPU (a sliding window's output
     aggregated there, the windows gathered from a volume there), its input batch aside;
@@ -280,3 +282,23 @@ class DeviceReport(BaseModel):
     @property
     def per_sample_bytes(self) -> int | None:
         return self.plan.per_sample_bytes if self.plan else None
+
+
+class WindowPoint(BaseModel):
+    """One traced window batch of a sliding window."""
+
+    model_config = _FROZEN
+    sw_batch_size: int
+    total_bytes: int
+    fits: bool
+
+
+class WindowPlan(BaseModel):
+    """The largest ``sw_batch_size`` whose evaluation step fits, searched by tracing (0 when
+    one window at a time does not fit)."""
+
+    model_config = _FROZEN
+    max_sw_batch_size: int
+    windows: int
+    """Windows in one batch of volumes: no larger ``sw_batch_size`` changes anything."""
+    points: list[WindowPoint]

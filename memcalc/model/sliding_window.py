@@ -55,6 +55,19 @@ def _host_volume_call(model: nn.Module, inputs: ModelInputs, batch_size: int) ->
                                   device=HOST_DEVICE),))
 
 
+def windows_per_volume(spec: SlidingWindowSpec, spatial: tuple[int, ...]) -> int:
+    """Windows ``sliding_window_inference`` cuts from one volume: per axis one window where it
+    spans the axis, else ``ceil((size - roi) / interval) + 1`` with the interval
+    ``int(roi * (1 - overlap))`` (at least 1), as MONAI's ``dense_patch_slices`` does."""
+    count = 1
+    for size, roi in zip(spatial, spec.roi):
+        if size <= roi:
+            continue
+        interval = max(1, int(roi * (1 - spec.overlap)))
+        count *= -(-(size - roi) // interval) + 1
+    return count
+
+
 def monai_version() -> str:
     """The installed MONAI's version; InputError when it is missing."""
     try:

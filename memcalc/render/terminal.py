@@ -11,7 +11,7 @@ from memcalc.render.feed import throughput_renderable
 from memcalc.render.cards import cards_line, cards_table
 from memcalc.render.helpers import bullets
 from memcalc.render.host import host_renderable
-from memcalc.render.validation import validation_renderable
+from memcalc.render.validation import validation_renderable, window_plan_text
 from memcalc.report.models import Report
 from memcalc.report.assumptions import step_name
 from memcalc.units import counted, format_bytes, format_count
@@ -151,6 +151,8 @@ def _plan_panel(report: Report) -> Panel:
         + (" (STATIC: the trace failed)" if point.batch_size in static else "")
         for point in plan.points)
     lines.append(f"{'estimated' if static else 'traced'} batches: {traced}")
+    if device.window_plan is not None:
+        lines.append(window_plan_text(device.window_plan))
     return Panel("\n".join(lines), title="Batch plan", title_align="left")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rich.panel import Panel
 
-from memcalc.device.report import DeviceReport
+from memcalc.device.report import DeviceReport, WindowPlan
 from memcalc.eval_specs import SlidingWindowSpec
 from memcalc.host.report import HostReport
 from memcalc.report.models import Report
@@ -53,7 +53,18 @@ def _gpu_line(device: DeviceReport, method: str) -> str:
         parts.append(f"of {format_bytes(usable)} usable: {_FITS[device.fits]}")
         if device.max_batch_size is not None:
             parts.append(f"largest validation batch {device.max_batch_size}")
-    return ", ".join(parts)
+    line = ", ".join(parts)
+    return line + (f"\n{window_plan_text(device.window_plan)}" if device.window_plan else "")
+
+
+def window_plan_text(plan: WindowPlan) -> str:
+    """The largest ``sw_batch_size`` that fits, and the window batches traced for it."""
+    traced = ", ".join(f"{point.sw_batch_size}: {format_bytes(point.total_bytes)} "
+                       f"{'fits' if point.fits else 'over'}" for point in plan.points)
+    answer = (f"[bold]largest sw_batch_size that fits: {plan.max_sw_batch_size}[/] of "
+              f"{plan.windows} windows" if plan.max_sw_batch_size else
+              "[bold red]not even one window per forward fits[/]")
+    return f"{answer} (traced: {traced})"
 
 
 def _host_line(host: HostReport, device: DeviceReport) -> str:
