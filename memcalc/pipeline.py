@@ -95,11 +95,11 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
     plan = batch_plan(prepared, usable, step) if usable is not None else None
     batch_size = spec.batch_size or reported_batch(plan, spec, step)
     device = prepared.device_report(batch_size)
-    if plan is not None:
-        device = device.model_copy(update={"plan": plan})
     windows = window_plan(prepared, device, partial(_report_at, layer_tables=layer_tables))
     if windows is not None:
         device = device.model_copy(update={"window_plan": windows})
+    if plan is not None:
+        device = device.model_copy(update={"plan": plan})
     elif (card_fits and step == 1 and spec.device is DeviceKind.CUDA
           and device.method == "traced" and line_batches(spec) is None):
         device = device.model_copy(update={"card_fits": card_fits_of(prepared)})

@@ -116,3 +116,19 @@ def test_check_never_passes_a_job_whose_validation_step_could_only_be_counted_st
         memcalc.check("tests.fixtures.user_builders:numpy_in_eval", (16,), **args)
     report = memcalc.estimate("tests.fixtures.user_builders:numpy_in_eval", (16,), **args)
     assert report.device.method == "traced" and report.validation.method == "static"
+
+
+def test_check_on_the_command_line_exits_1_when_only_validation_does_not_fit():
+    from click.testing import CliRunner
+
+    from memcalc.cli.commands import main
+
+    args = ["check", "--model", "gpt2", "--shape", "16", "--batch-size", "2",
+            "--gpu-memory", "4GiB", "--eval-shape", "128", "--cpus", "2", "--ram", "16GiB"]
+    for name, value in TINY_GPT2.items():
+        args += ["--model-arg", f"{name}={value}"]
+    fits = CliRunner().invoke(main, [*args, "--eval-batch-size", "1"])
+    assert fits.exit_code == 0, fits.output
+    over = CliRunner().invoke(main, [*args, "--eval-batch-size", "4096"])
+    assert over.exit_code == 1
+    assert "validation batch 4096 needs" in over.output + over.stderr
