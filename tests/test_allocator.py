@@ -169,3 +169,17 @@ def test_expandable_segments_grow_one_segment_in_20_mib_pages():
     # without expandable segments the second request needs a segment of its own
     plain = replay(_events((0, 30 * MiB), (1, 30 * MiB), (0, -30 * MiB), (2, 25 * MiB)))
     assert plain.peak_reserved_bytes == 60 * MiB and plain.segment_count == 2
+
+
+def test_the_least_limit_a_step_runs_in_is_its_need_not_the_unlimited_peak():
+    from memcalc.device.allocator import LEAST_LIMIT_TOLERANCE, least_limit_replay
+
+    # 60 MiB cached, then 70 MiB: 130 MiB without a limit, but a 70 MiB card runs it (the
+    # cache freed and retried), and a 40 MiB one does not
+    events = _events((0, 60 * MiB), (0, -60 * MiB), (1, 70 * MiB))
+    settings = AllocatorSettings()
+    least = least_limit_replay(events, [], settings, failed_limit=40 * MiB)
+    assert least.fits
+    slack = max(2 * MiB, 130 * MiB * LEAST_LIMIT_TOLERANCE)
+    assert 70 * MiB <= least.peak_reserved_bytes <= 70 * MiB + slack
+    assert not replay(events, limit_bytes=least.peak_reserved_bytes - 2 * MiB - 1).fits

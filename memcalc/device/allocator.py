@@ -272,6 +272,31 @@ def replay(events: Iterable[MemoryEvent], resident_bytes: Iterable[int] = (),
     return _result(allocator, oom_event=None, skipped=skipped)
 
 
+LEAST_LIMIT_TOLERANCE = 0.005
+"""The least limit a step runs in is searched to this share of it (or 2 MiB)."""
+
+
+def least_limit_replay(events: list[MemoryEvent], resident_bytes: list[int],
+                       settings: AllocatorSettings, failed_limit: int) -> AllocatorReplay:
+    """The replay at about the least limit the step runs in, above ``failed_limit`` where it
+    does not: what the smallest card that takes the step reserves. Without a limit the
+    allocator keeps every block it cached, so that peak is no card's need: under a limit it
+    frees its cache and retries first, as PyTorch's does."""
+    unlimited = replay(events, resident_bytes, settings)
+    low, high = failed_limit, unlimited.peak_reserved_bytes
+    best = replay(events, resident_bytes, settings, limit_bytes=high)
+    if not best.fits:      # segments split otherwise under a limit: no smaller answer known
+        return unlimited
+    while high - low > max(2 << 20, int(high * LEAST_LIMIT_TOLERANCE)):
+        middle = (low + high) // 2
+        attempt = replay(events, resident_bytes, settings, limit_bytes=middle)
+        if attempt.fits:
+            high, best = middle, attempt
+        else:
+            low = middle
+    return best
+
+
 def _result(allocator: CachingAllocatorModel, oom_event: int | None, skipped: int) -> AllocatorReplay:
     return AllocatorReplay(allocator.peak_reserved_bytes, allocator.peak_allocated_bytes,
                            allocator.segment_count, oom_event, skipped)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from memcalc.device.allocator import replay
+from memcalc.device.allocator import least_limit_replay, replay
 from memcalc.device.allocator_settings import AllocatorSettings
 from memcalc.device.cuda_overheads import context_bytes, workspace_allocations
 from memcalc.device.env_profile import EnvProfile
@@ -74,10 +74,13 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
             limited = replay(ledger.events, workspaces, settings,
                              limit_bytes=max(0, usable_bytes - outside))
         # Where the limit is reached, the allocator frees its cache and retries: what the
-        # card then holds is the limited replay's peak. Without a limit, or when the step
-        # does not run in it, the peak it would reach with room enough.
+        # card then holds is the limited replay's peak; when the step does not run in it, the
+        # least limit it runs in (the smallest card's need); without a limit, the peak it
+        # reaches with room enough.
         runs = limited.fits if limited is not None else None
-        reserved = limited if runs else replay(ledger.events, workspaces, settings)
+        reserved = (replay(ledger.events, workspaces, settings) if limited is None else limited
+                    if runs else least_limit_replay(ledger.events, workspaces, settings,
+                                                    max(0, usable_bytes - outside)))
         cuda_fields = dict(
             peak_reserved_bytes=reserved.peak_reserved_bytes,
             workspace_bytes=sum(workspaces), context_bytes=context,

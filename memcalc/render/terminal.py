@@ -69,8 +69,10 @@ def _one_rank(parallel) -> str:
 def _head(report: Report) -> str:
     device, spec = report.device, report.spec
     label = "TRACED" if device.method == "traced" else "STATIC ESTIMATE (trace failed)"
-    reserved = (", CUDA reserved + context, what nvidia-smi shows"
-                if device.peak_reserved_bytes is not None else "")
+    reserved = ("" if device.peak_reserved_bytes is None else
+                ", the least CUDA memory it runs in: reserved + context"
+                if device.runs_at_capacity is False else
+                ", CUDA reserved + context, what nvidia-smi shows")
     when = (f" — reached in {device.peak_phase} of iteration {device.peak_iteration}"
             if device.peak_phase else "")
     return (
@@ -110,7 +112,9 @@ def _breakdown_table(report: Report, details: bool) -> Table:
     if reserved is not None:
         row("+ CUDA allocator reserve (rounding, cached blocks, fragmentation)",
             reserved - breakdown.total_bytes)
-        row("predicted reserved peak (max_memory_reserved)", reserved)
+        row("predicted reserved peak (max_memory_reserved)" if report.device.runs_at_capacity
+            is not False else "least reserved it runs in (the allocator freeing its cache)",
+            reserved)
     if report.device.kind == "cuda":
         row("+ CUDA context and loaded kernels (outside the allocator)",
             report.device.context_bytes)
