@@ -13,7 +13,7 @@ from memcalc.device.estimate import DeviceTarget
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
 from memcalc.model.sliding_window import windowed
-from memcalc.model.build import built_for_real
+from memcalc.model.build import built_for_real, compiled_names
 from memcalc.model.user_hooks import clear_traced_tensors
 from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.static import layer_table
@@ -35,6 +35,7 @@ from memcalc.report.assumptions import (
     assumptions,
     attention_assumptions,
     bounded_size_assumptions,
+    compiled_assumptions,
     step_assumptions,
     step_unsupported,
 )
@@ -46,6 +47,7 @@ from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.trace.optimizers import OptimizerRule, configured_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.trace._torch_internals import callers_torch_modes_set_aside
+from memcalc.trace.compiled import eager_model
 from memcalc.trace.tracer import StepSetup
 
 
@@ -151,6 +153,7 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            halo_exchange_bytes=device.halo_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes)
         + bounded_size_assumptions(device.bounded_sizes)
+        + compiled_assumptions(compiled_names(prepared.model))
         + attention_assumptions(device.attention_backends, prepared.target.gpu)
         + ([f"the model's own hooks failed on the trace's fake tensors ({prepared.hooks_left_out}"
             "); the step was traced without them: what they keep is not counted"]
@@ -178,7 +181,7 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
     capacity = spec.gpu_memory_bytes or (gpu.memory_bytes if gpu else None)
     headroom = int(capacity * spec.headroom_fraction) if capacity else 0
     source = resolve_model(spec.model, spec.model_args)
-    model = source.build_meta()
+    model = eager_model(source.build_meta(), source.instance)
     measured_dtype = (measurement.sample_dtype if measurement
                       and measurement.sample_dtype in INPUT_DTYPES else None)
     inputs = resolve_step_inputs(

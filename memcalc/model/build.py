@@ -238,3 +238,17 @@ def mark_built_for_real(model: Any) -> None:
 def built_for_real(model: nn.Module) -> bool:
     """``model`` came from a constructor that had to be built for real on the CPU."""
     return model in _BUILT_FOR_REAL
+
+
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def mark_compiled(model: nn.Module, names: list[str]) -> None:
+    """Note that ``model`` is the eager twin of a model whose modules ``names`` were compiled
+    with ``torch.compile`` (``""``: the whole model)."""
+    _COMPILED[model] = tuple(names)
+
+
+def compiled_names(model: nn.Module) -> tuple[str, ...]:
+    """The compiled modules of the model ``model`` stands in for (empty: none)."""
+    return _COMPILED.get(model, ())

@@ -36,6 +36,9 @@ class ModelSource:
     kwargs: dict[str, Any]
     default_shape: tuple[int, ...] | None
     default_input_dtype: str | None
+    instance: nn.Module | None = None
+    """The caller's model object, when one was passed (its twins do not keep everything of
+    it: a copy drops ``Module.compile()``'s state)."""
 
     def build_meta(self) -> nn.Module:
         """Call the factory once on the CPU with its parameters and buffers on ``meta``
@@ -121,8 +124,9 @@ def model_reference(model: str | nn.Module | Callable[..., nn.Module]) -> Iterat
     if isinstance(model, str):
         yield model
         return
-    kind = type(model).__name__ if isinstance(model, nn.Module) else getattr(
-        model, "__qualname__", type(model).__name__)
+    # a torch.compile wrapper is named after the module it compiles (its ``_orig_mod``)
+    kind = (type(getattr(model, "_orig_mod", model)).__name__ if isinstance(model, nn.Module)
+            else getattr(model, "__qualname__", type(model).__name__))
     name = f"{OBJECT_PREFIX}{kind}@{id(model):x}"
     owner = name not in _OBJECTS    # a nested call with the same object leaves it to the outer
     _OBJECTS[name] = model
@@ -180,7 +184,7 @@ def resolve_model(name: str, kwargs: dict[str, Any] | None = None) -> ModelSourc
     if name in _OBJECTS:
         target = _OBJECTS[name]
         if isinstance(target, nn.Module):
-            return ModelSource(name, lambda: meta_twin(target), {}, None, None)
+            return ModelSource(name, lambda: meta_twin(target), {}, None, None, target)
         return ModelSource(name, target, kwargs, None, None)
     if ":" in name:
         return ModelSource(name, import_callable(name, "model", ModelSourceError), kwargs, None, None)

@@ -214,6 +214,19 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
     return lines
 
 
+def compiled_assumptions(names: Sequence[str]) -> list[str]:
+    """A compiled model traced eager: said first, on the default screen."""
+    if not names:
+        return []
+    which = ("the model" if "" in names else
+             f"{len(names)} module{'s' if len(names) > 1 else ''} ({', '.join(names[:3])}"
+             + (", …" if len(names) > 3 else "") + ")")
+    return [f"WARNING: {which} compiled with torch.compile was traced as eager code: a "
+            "compiled step saves other activations for backward (AOTAutograd recomputes cheap "
+            "ops) and reuses buffers otherwise, so its peak can be lower or higher; compiled "
+            "memory is not modelled yet"]
+
+
 def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:
     """One line naming every data-dependent op the trace ran at a bound, when any did."""
     if not bounded_sizes:

@@ -671,3 +671,40 @@ def dataloader_signals_kept() -> Iterator[None]:
         if main:
             signal.signal(signal.SIGCHLD, handler)
             signal_handling._SIGCHLD_handler_set = installed
+
+
+def _optimized_module_type() -> type | None:
+    """``torch._dynamo.eval_frame.OptimizedModule``, the wrapper ``torch.compile(module)``
+    returns; None while dynamo was never imported (then no module can be compiled)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    return getattr(eval_frame, "OptimizedModule", None)
+
+
+def compiled_module_names(model: nn.Module) -> list[str]:
+    """Modules of ``model`` that run compiled: wrapped by ``torch.compile`` (its ``_orig_mod``
+    is the module) or compiled in place by ``Module.compile()`` (``_compiled_call_impl``,
+    torch ≥ 2.2); ``""`` is the model itself."""
+    wrapper = _optimized_module_type()
+    names = []
+    for name, module in model.named_modules():
+        if (wrapper is not None and isinstance(module, wrapper)) or getattr(
+                module, "_compiled_call_impl", None) is not None:
+            names.append(name.replace("_orig_mod.", "").removesuffix("._orig_mod")
+                         .removeprefix("_orig_mod"))
+    return names
+
+
+def without_compile(model: nn.Module) -> nn.Module:
+    """``model`` with every ``torch.compile`` wrapper replaced by its module and in-place
+    compilation undone (the caller passes its own copy: this changes it)."""
+    wrapper = _optimized_module_type()
+    while wrapper is not None and isinstance(model, wrapper):
+        model = model._orig_mod
+    for module in list(model.modules()):
+        for name, child in list(module._modules.items()):
+            while wrapper is not None and isinstance(child, wrapper):
+                child = child._orig_mod
+            module._modules[name] = child
+        if getattr(module, "_compiled_call_impl", None) is not None:
+            module._compiled_call_impl = None
+    return model
