@@ -135,7 +135,7 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
     blocks = setup.checkpoint_blocks
     return Report(
         spec=spec, gpu=prepared.target.gpu,
-        model=_model_summary(spec, prepared.model, prepared.layers),
+        model=_model_summary(spec, prepared.model, prepared.layers, setup.compile_regions),
         input=InputSummary(layout=layout.layout, layout_explanation=layout.explanation,
                            traced_batch_shape=(device.batch_size, *layout.traced_sample_shape),
                            dtype=str(setup.batch_dtype).removeprefix("torch."),
@@ -153,7 +153,7 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            halo_exchange_bytes=device.halo_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes)
         + bounded_size_assumptions(device.bounded_sizes)
-        + compiled_assumptions(compiled_names(prepared.model))
+        + compiled_assumptions(setup.compile_regions, device.compile_fallbacks)
         + attention_assumptions(device.attention_backends, prepared.target.gpu)
         + ([f"the model's own hooks failed on the trace's fake tensors ({prepared.hooks_left_out}"
             "); the step was traced without them: what they keep is not counted"]
@@ -217,7 +217,8 @@ def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,
                       boxes_per_image=spec.boxes_per_image, parallel=spec.parallel,
                       evaluation=spec.eval_grad_mode if spec.phase is StepPhase.EVAL else None,
                       optimizer_state_held=spec.eval_holds_optimizer_state,
-                      host_tensors=bool(cuda and window and window.uses_host))
+                      host_tensors=bool(cuda and window and window.uses_host),
+                      compile_regions=("",) if spec.compile else compiled_names(model))
     layers, leaf_output_elements, table_error = _layer_table(
         spec, model, inputs.model_inputs(), layer_tables)
     has_conv = any(isinstance(module, CONV_TYPES) for module in model.modules())
@@ -273,15 +274,15 @@ def _optimizer(spec: TrainingSpec) -> OptimizerRule:
                            fused=spec.optimizer_impl is OptimizerImpl.FUSED)
 
 
-def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers) -> ModelSummary:
+def _model_summary(spec: TrainingSpec, model: torch.nn.Module, layers,
+                   compiled: tuple[str, ...]) -> ModelSummary:
     parameters = list(model.parameters())
     return ModelSummary(
         name=display_name(spec.model),
         parameter_count=sum(p.numel() for p in parameters),
         trainable_parameter_count=sum(p.numel() for p in parameters if p.requires_grad),
         buffer_element_count=sum(b.numel() for b in model.buffers()),
-        layers=layers,
-    )
+        layers=layers, compiled_modules=list(compiled))
 
 
 def training_flops(spec: TrainingSpec, batch_size: int = 1) -> int:

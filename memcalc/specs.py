@@ -167,6 +167,9 @@ class TrainingSpec(BaseModel):
     ``every:N`` (every N-th block in full); None (False): no checkpointing."""
     offload_activations: bool = False
     """Saved activations kept in host memory (``torch.autograd.graph.save_on_cpu``)."""
+    compile: bool = False
+    """The model runs under ``torch.compile`` (``memcalc.trace.compiled``); a model passed
+    already compiled is traced compiled without it."""
     parallel: ParallelSpec | None = None
     """One rank of a distributed job (DDP, ZeRO-1/2, FSDP2, tensor parallel over N GPUs),
     traced in a fake process group with the real wrappers (``memcalc.distributed``); None:
@@ -271,6 +274,17 @@ class TrainingSpec(BaseModel):
             verb = "apply" if len(training_only) > 1 else "applies"
             raise ValueError(f"{', '.join(training_only)} {verb} to training; --phase eval "
                              "traces one evaluation step on one GPU: leave it out")
+        return self
+
+    @model_validator(mode="after")
+    def _compile_alone(self) -> TrainingSpec:
+        others = [name for name, given in (
+            ("--strategy", self.parallel is not None), ("--spatial-parts", self.spatial_parts > 1),
+            ("--checkpointing", self.activation_checkpointing is not None),
+            ("--offload-activations", self.offload_activations)) if given]
+        if self.compile and others:
+            raise ValueError(f"--compile with {', '.join(others)} is not traced together yet: "
+                             "leave one out")
         return self
 
     @model_validator(mode="after")

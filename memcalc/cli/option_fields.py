@@ -20,6 +20,7 @@ OPTION_FIELDS: dict[str, str] = {
     "volume_device": "sliding_window", "output_device": "sliding_window",
     "clip_grad_norm": "clip_grad_norm", "precision": "precision",
     "checkpointing": "activation_checkpointing", "offload_activations": "offload_activations",
+    "compile_model": "compile",
     "spatial_parts": "spatial_parts", "device": "device", "gpu": "gpu",
     "gpu_memory": "gpu_memory_bytes", "headroom": "headroom_fraction",
     "cuda_module_loading": "cuda_module_loading", "cudnn_benchmark": "cudnn_benchmark",

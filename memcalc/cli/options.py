@@ -227,6 +227,10 @@ MODEL_OPTIONS = [
                       "'every:N', every N-th block."),
     click.option("--offload-activations", is_flag=True,
                  help="Saved activations in host memory (torch.autograd.graph.save_on_cpu)."),
+    click.option("--compile", "compile_model", is_flag=True,
+                 help="The model under torch.compile: the step traced through AOTAutograd's "
+                      "partition, as Inductor runs it (a model passed compiled is traced so "
+                      "without it)."),
     click.option("--spatial-parts", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Spatial parallelism: split every sample along its longest spatial axis "
                       "over this many GPUs; the estimate is one GPU's."),

@@ -187,6 +187,9 @@ class DeviceReport(BaseModel):
     """Live bytes over the traced iterations, for the timeline picture."""
     offloaded_bytes: int = 0
     """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
+    compile_fallbacks: list[str] = []
+    """Compiled modules whose graph could not be captured whole, run eagerly: ``name:
+    reason``."""
     window_plan: WindowPlan | None = None
     """A sliding window's evaluation on a GPU: the largest ``sw_batch_size`` that fits."""
     host_tensor_bytes: int = 0

@@ -77,7 +77,9 @@ def _head(report: Report) -> str:
             if device.peak_phase else "")
     return (
         f"[bold]{report.model.name}[/]  {format_count(report.model.parameter_count)} parameters  "
-        f"{step_name(spec)}  {spec.precision.value}  device {device.kind}  batch {device.batch_size}"
+        f"{step_name(spec)}  {spec.precision.value}"
+        + ("  compiled" if report.model.compiled_modules else "")
+        + f"  device {device.kind}  batch {device.batch_size}"
         + (_one_rank(spec.parallel) if spec.parallel else "") + "\n"
         f"input: {report.input.layout} ({report.input.layout_explanation}); traced batch "
         f"{tuple(report.input.traced_batch_shape)} {report.input.dtype}"

@@ -214,17 +214,22 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
     return lines
 
 
-def compiled_assumptions(names: Sequence[str]) -> list[str]:
-    """A compiled model traced eager: said first, on the default screen."""
+def compiled_assumptions(names: Sequence[str], fallbacks: Sequence[str]) -> list[str]:
+    """How the compiled modules were traced, and a WARNING for each that ran eagerly."""
     if not names:
         return []
     which = ("the model" if "" in names else
              f"{len(names)} module{'s' if len(names) > 1 else ''} ({', '.join(names[:3])}"
              + (", …" if len(names) > 3 else "") + ")")
-    return [f"WARNING: {which} compiled with torch.compile was traced as eager code: a "
-            "compiled step saves other activations for backward (AOTAutograd recomputes cheap "
-            "ops) and reuses buffers otherwise, so its peak can be lower or higher; compiled "
-            "memory is not modelled yet"]
+    lines = [f"torch.compile: {which} traced as Inductor runs it for training: AOTAutograd's "
+             "joint graph after Inductor's decompositions, split by its min-cut partitioner "
+             "(what the forward saves, what the backward recomputes); each graph run op by "
+             "op, a pointwise op whose users are all pointwise fused away, one writing into "
+             "a dying input of its shape in place, every value freed after its last use. "
+             "Inductor's own scheduling and buffer planning beyond that are not read"]
+    lines += [f"WARNING: compiled {fallback} (a graph break): that module was traced eager"
+              for fallback in fallbacks]
+    return lines
 
 
 def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:

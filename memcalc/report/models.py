@@ -21,6 +21,8 @@ class ModelSummary(BaseModel):
     trainable_parameter_count: int
     buffer_element_count: int
     layers: list[LayerRow]
+    compiled_modules: list[str] = []
+    """Modules traced as ``torch.compile`` runs them (``""``: the whole model)."""
 
 
 class InputSummary(BaseModel):

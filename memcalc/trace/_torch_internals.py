@@ -43,7 +43,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
@@ -708,3 +708,75 @@ def without_compile(model: nn.Module) -> nn.Module:
         if getattr(module, "_compiled_call_impl", None) is not None:
             module._compiled_call_impl = None
     return model
+
+
+@contextlib.contextmanager
+def dispatch_modes_paused() -> Iterator[None]:
+    """No dispatch mode active inside (``torch.utils._python_dispatch._disable_current_modes``):
+    the fake tensors keep their own mode, the watcher sees nothing (a graph capture's
+    tensors are not the step's)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        yield
+
+
+def aot_joint_capture(module: nn.Module, flat_args: list, run_graph: Callable):
+    """AOTAutograd's capture of ``module(*flat_args)`` (tuple outputs) as ``torch.compile``'s
+    inductor backend makes it for training: the joint forward/backward graph, split by
+    ``min_cut_rematerialization_partition`` (what the forward saves for backward and what
+    the backward recomputes), after Inductor's decompositions (``select_decomp_table``:
+    what the partitioner may recompute depends on them). ``run_graph(graph_module)`` returns the callable each graph
+    runs as (boxed: it takes one list of inputs). Needs torch ≥ 2.1
+    (``torch._functorch.aot_autograd.aot_module_simplified``)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    def compiler(graph_module, _example_inputs):
+        run = run_graph(graph_module)
+        run._boxed_call = True
+        return run
+    return aot_module_simplified(module, flat_args, compiler, compiler,
+                                 partition_fn=min_cut_rematerialization_partition,
+                                 decompositions=select_decomp_table())
+
+
+def is_pointwise_op(target) -> bool:
+    """An ATen overload tagged pointwise (``torch._ops.OpOverload.tags``)."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
+
+
+def out_variant(target) -> tuple[Callable, str] | None:
+    """The ``out=`` overload of an ATen op with the same other arguments (``gelu_backward``
+    → ``gelu_backward.grad_input``) and the name of its one out argument; None where none."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    names = [argument.name for argument in target._schema.arguments]
+    packet = target.overloadpacket
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        arguments = candidate._schema.arguments
+        outs = [argument.name for argument in arguments if argument.is_out]
+        if len(outs) == 1 and [a.name for a in arguments if not a.is_out] == names:
+            return candidate, outs[0]
+    return None
+
+
+def is_view_op(target) -> bool:
+    """An ATen overload whose output is a view of its input (``OpOverload.is_view``)."""
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
+
+
+def is_reduction_op(target) -> bool:
+    """An ATen overload tagged as a reduction (``sum``, ``var_mean``, ``amax``…)."""
+    return isinstance(target, torch._ops.OpOverload) and torch.Tag.reduction in target.tags
+
+
+def fake_stand_in(tensor: torch.Tensor) -> torch.Tensor:
+    """A new fake tensor of ``tensor``'s mode, size, strides, dtype and grad requirement
+    (``FakeTensor.fake_mode``): an example for a capture that may keep its examples."""
+    with tensor.fake_mode:
+        made = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                                   device=tensor.device)
+    return made.requires_grad_(tensor.requires_grad)

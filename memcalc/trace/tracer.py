@@ -39,6 +39,7 @@ from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError, at_user_frame, first_line
 from memcalc.model.inputs import InputTensor, ModelCall, ModelInputs, make_call
 from memcalc.trace.ledger import MemoryLedger, StorageRecord
+from memcalc.trace.compiled import compiled_regions, fallbacks
 from memcalc.trace.host_tensors import HostTensorCounter
 from memcalc.trace.offload import OffloadCounter
 from memcalc.trace.optimizers import OptimizerRule
@@ -98,6 +99,9 @@ class StepSetup:
     positional_input: bool = True
     boxes_per_image: int = 8
     iterations: int = 2
+    compile_regions: tuple[str, ...] = ()
+    """Modules run as ``torch.compile`` runs them (``""``: the whole model), each a
+    ``memcalc.trace.compiled.CompiledRegion``."""
     host_tensors: bool = False
     """The step keeps tensors in host RAM (a sliding window's volume or aggregation on the
     CPU): ``memcalc.trace.host_tensors`` counts them."""
@@ -152,6 +156,8 @@ class TraceResult:
     stage_peak_bytes: tuple[int, ...] = ()
     """A pipeline: every stage's traced rank's peak live bytes, by stage (the result is
     the largest one's)."""
+    compile_fallbacks: tuple[str, ...] = ()
+    """Compiled regions that could not be captured and ran eagerly: ``name: reason``."""
 
 
 def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
@@ -234,6 +240,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     watcher = StorageWatcher(on_new, ledger.free, workspaces)
     halo = ZeroHalos()
     model = step_model(setup, halo, meta_model)
+    model, regions = compiled_regions(model, setup.compile_regions)
     stages = (pipeline_rank(setup.parallel, model, setup.inputs, mesh)
               if setup.parallel is not None and setup.parallel.pp > 1 else None)
     if stages is None:
@@ -285,7 +292,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                        offload.peak_bytes, host.peak_bytes, halo.peak_bytes,
                        workspaces.calls if workspaces else 0, bounded.uses(),
                        dict(kernels.target.attention_backends) if kernels else {},
-                       tuple(sorted(kernels.target.unmodelled)) if kernels else ())
+                       tuple(sorted(kernels.target.unmodelled)) if kernels else (),
+                       compile_fallbacks=fallbacks(regions))
 
 
 def _step_context(setup: StepSetup) -> tuple:
