@@ -18,6 +18,12 @@ Used here (checked against torch 2.3 – 2.14):
   of an N-rank job (``fake_process_group``).
 - ``torch.overrides._get_current_function_mode_stack``: the torch-function modes active now,
   entered again around a checkpoint's recomputation (the autograd engine clears them).
+- ``torch._functorch.aot_autograd.aot_module_simplified``, ``torch._functorch.partitioners
+  .min_cut_rematerialization_partition``, ``torch._inductor.decomposition.select_decomp_table``
+  and ``torch.utils._python_dispatch._disable_current_modes`` (torch ≥ 2.1): a compiled step's
+  joint graph and partition, captured with the watcher paused; ``OpOverload.tags`` /
+  ``is_view`` / ``_schema`` and ``torch._dynamo.eval_frame.OptimizedModule`` (read from
+  ``sys.modules``, never imported here): what ``torch.compile`` wrapped.
 - ``torch.UntypedStorage.resize_`` is not an ATen op (no dispatch mode sees it): FSDP2 frees
   and re-allocates its unsharded parameters with it (``_fsdp_param.alloc_storage``), so the
   watcher wraps it while it is active, as ``torch.distributed._tools.mem_tracker`` does.
@@ -726,8 +732,9 @@ def aot_joint_capture(module: nn.Module, flat_args: list, run_graph: Callable):
     inductor backend makes it for training: the joint forward/backward graph, split by
     ``min_cut_rematerialization_partition`` (what the forward saves for backward and what
     the backward recomputes), after Inductor's decompositions (``select_decomp_table``:
-    what the partitioner may recompute depends on them). ``run_graph(graph_module)`` returns the callable each graph
-    runs as (boxed: it takes one list of inputs). Needs torch ≥ 2.1
+    what the partitioner may recompute depends on them). ``run_graph(graph_module)``
+    returns the callable each graph runs as (boxed: it takes one list of inputs). Needs
+    torch ≥ 2.1
     (``torch._functorch.aot_autograd.aot_module_simplified``)."""
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition

@@ -13,10 +13,10 @@ from torch.fx import Interpreter
 from memcalc.errors import first_line
 from memcalc.model.build import built_for_real, mark_built_for_real, mark_compiled
 from memcalc.model.source import meta_twin
-from memcalc.trace._torch_internals import (aot_joint_capture, compiled_module_names,
-                                            dispatch_modes_paused, fake_stand_in, out_variant,
-                                            is_pointwise_op, is_reduction_op, is_view_op, tree_flatten,
-                                            tree_unflatten, without_compile)
+from memcalc.trace._torch_internals import (
+    aot_joint_capture, compiled_module_names, dispatch_modes_paused, fake_stand_in,
+    is_pointwise_op, is_reduction_op, is_view_op, out_variant, tree_flatten, tree_unflatten,
+    without_compile)
 
 
 def eager_model(model: nn.Module, original: nn.Module | None = None) -> nn.Module:
@@ -99,8 +99,8 @@ def _graph_runner(graph_module):
 
 class _FusingInterpreter(Interpreter):
     """Runs a graph as Inductor's code would allocate it: a pointwise op whose every user is
-    pointwise or a reduction is fused into them (its value is never a buffer), so it runs unseen by the
-    trace's watcher; a pointwise op whose first input is a buffer of its own shape and dtype
+    pointwise or a reduction is fused into them (its value is never a buffer), so it runs
+    unseen by the trace's watcher; a pointwise op whose first input is a buffer of its own shape and dtype
     that dies there writes into that buffer (its ``out=`` variant: Inductor's in-place
     kernels); every other value is a buffer, freed after its last use."""
 
