@@ -81,8 +81,11 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         reserved = (replay(ledger.events, workspaces, settings) if limited is None else limited
                     if runs else least_limit_replay(ledger.events, workspaces, settings,
                                                     max(0, usable_bytes - outside)))
+        least = (least_limit_replay(ledger.events, workspaces, settings, 0)
+                 if limited is None else None)
         cuda_fields = dict(
             peak_reserved_bytes=reserved.peak_reserved_bytes,
+            least_reserved_bytes=least.peak_reserved_bytes if least else None,
             workspace_bytes=sum(workspaces), context_bytes=context,
             cudnn_calls=trace.cudnn_calls, env_profile=profile.name, runs_at_capacity=runs)
     return DeviceReport(

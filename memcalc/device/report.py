@@ -206,6 +206,10 @@ class DeviceReport(BaseModel):
     optimizer_peak_bytes: int | None = None
     """Live tensor bytes at the peak of the optimizer step (traced only)."""
     peak_reserved_bytes: int | None = None
+    least_reserved_bytes: int | None = None
+    """Without a capacity: the least the caching allocator runs the step in (it frees its
+    cache and retries at a limit), the smallest card's need; ``peak_reserved_bytes`` is what
+    a card with room to spare reserves."""
     workspace_bytes: int = 0
     """cuBLAS workspaces, allocated through the caching allocator (inside reserved)."""
     context_bytes: int = 0

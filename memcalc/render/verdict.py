@@ -61,7 +61,11 @@ def _step_verdict(report: Report) -> str:
         step = "evaluation" if report.spec.phase is StepPhase.EVAL else "training"
         return f"CPU {step}: {needs} of host RAM for the step"
     if device.capacity_bytes is None:
-        return _against_cards(needs, device) or _against_catalog(needs, device.total_bytes)
+        least = (device.least_reserved_bytes + device.context_bytes
+                 if device.least_reserved_bytes is not None else device.total_bytes)
+        if least < device.total_bytes:
+            needs += f" with room to spare, at least {format_bytes(least)}"
+        return _against_cards(needs, device) or _against_catalog(needs, least)
     usable = format_bytes(device.capacity_bytes - device.headroom_bytes)
     on = f" on {report.gpu.name}" if report.gpu else ""
     largest = device.max_batch_size
