@@ -85,7 +85,8 @@ class PreparedStep:
         the same trace, replayed for that card."""
         key = (card, batch_size)
         if key not in self.card_reports:
-            self.card_reports[key] = self._report(batch_size, self.card_target(card))
+            self.card_reports[key] = self._report(batch_size, self.card_target(card),
+                                                  least=False)
         return self.card_reports[key]
 
     def card_target(self, card: str) -> DeviceTarget:
@@ -125,11 +126,14 @@ class PreparedStep:
             self.hooks_left_out = str(error)
             return trace
 
-    def _report(self, batch_size: int, target: DeviceTarget | None = None) -> DeviceReport:
+    def _report(self, batch_size: int, target: DeviceTarget | None = None,
+                least: bool = True) -> DeviceReport:
+        """``least``: where the step does not run, search the least memory it runs in (a
+        card's largest batch needs only whether it runs)."""
         target = target or self.target
         trace = self._trace(batch_size)
         if trace is not None:
-            return traced_device_report(target, batch_size, trace)
+            return traced_device_report(target, batch_size, trace, least=least)
         return static_device_report(
             target, self.static_at(batch_size), batch_size=batch_size,
             leaf_output_elements=self.leaf_output_elements,

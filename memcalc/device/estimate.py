@@ -51,10 +51,12 @@ class DeviceTarget:
         return None if self.capacity_bytes is None else self.capacity_bytes - self.headroom_bytes
 
 
-def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult
-                         ) -> DeviceReport:
+def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult,
+                         least: bool = True) -> DeviceReport:
     """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context,
-    and with a capacity whether the step runs in capacity minus headroom."""
+    and with a capacity whether the step runs in capacity minus headroom. ``least``: the
+    least memory the step runs in is searched where it does not run (or with no capacity);
+    False: the peak with room to spare stands in (only whether it runs is asked)."""
     spec, gpu, profile, usable_bytes = target.spec, target.gpu, target.profile, target.usable_bytes
     ledger = trace.ledger
     per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
@@ -80,9 +82,10 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         runs = limited.fits if limited is not None else None
         reserved = (replay(ledger.events, workspaces, settings) if limited is None else limited
                     if runs else least_limit_replay(ledger.events, workspaces, settings,
-                                                    max(0, usable_bytes - outside)))
+                                                    max(0, usable_bytes - outside))
+                    if least else replay(ledger.events, workspaces, settings))
         least = (least_limit_replay(ledger.events, workspaces, settings, 0)
-                 if limited is None else None)
+                 if limited is None and least else None)
         cuda_fields = dict(
             peak_reserved_bytes=reserved.peak_reserved_bytes,
             least_reserved_bytes=least.peak_reserved_bytes if least else None,
