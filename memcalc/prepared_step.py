@@ -86,7 +86,7 @@ class PreparedStep:
         key = (card, batch_size)
         if key not in self.card_reports:
             self.card_reports[key] = self._report(batch_size, self.card_target(card),
-                                                  least=False)
+                                                  search_least=False)
         return self.card_reports[key]
 
     def card_target(self, card: str) -> DeviceTarget:
@@ -127,13 +127,13 @@ class PreparedStep:
             return trace
 
     def _report(self, batch_size: int, target: DeviceTarget | None = None,
-                least: bool = True) -> DeviceReport:
-        """``least``: where the step does not run, search the least memory it runs in (a
+                search_least: bool = True) -> DeviceReport:
+        """``search_least``: where the step does not run, search the least memory it runs in (a
         card's largest batch needs only whether it runs)."""
         target = target or self.target
         trace = self._trace(batch_size)
         if trace is not None:
-            return traced_device_report(target, batch_size, trace, least=least)
+            return traced_device_report(target, batch_size, trace, search_least=search_least)
         return static_device_report(
             target, self.static_at(batch_size), batch_size=batch_size,
             leaf_output_elements=self.leaf_output_elements,

@@ -277,12 +277,13 @@ LEAST_LIMIT_TOLERANCE = 0.005
 
 
 def least_limit_replay(events: list[MemoryEvent], resident_bytes: list[int],
-                       settings: AllocatorSettings, failed_limit: int) -> AllocatorReplay:
+                       settings: AllocatorSettings, failed_limit: int,
+                       unlimited: AllocatorReplay) -> AllocatorReplay:
     """The replay at about the least limit the step runs in, above ``failed_limit`` where it
-    does not: what the smallest card that takes the step reserves. Without a limit the
-    allocator keeps every block it cached, so that peak is no card's need: under a limit it
-    frees its cache and retries first, as PyTorch's does."""
-    unlimited = replay(events, resident_bytes, settings)
+    does not: what the smallest card that takes the step reserves. ``unlimited`` is the same
+    events' replay without a limit: the allocator then keeps every block it cached, so that
+    peak is no card's need; under a limit it frees its cache and retries first, as
+    PyTorch's does."""
     low, high = failed_limit, unlimited.peak_reserved_bytes
     best = replay(events, resident_bytes, settings, limit_bytes=high)
     if not best.fits:      # segments split otherwise under a limit: no smaller answer known

@@ -52,11 +52,12 @@ class DeviceTarget:
 
 
 def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult,
-                         least: bool = True) -> DeviceReport:
+                         search_least: bool = True) -> DeviceReport:
     """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context,
-    and with a capacity whether the step runs in capacity minus headroom. ``least``: the
-    least memory the step runs in is searched where it does not run (or with no capacity);
-    False: the peak with room to spare stands in (only whether it runs is asked)."""
+    and with a capacity whether the step runs in capacity minus headroom. ``search_least``:
+    the least memory the step runs in is searched where it does not run (or with no
+    capacity); False: the peak with room to spare stands in (only whether it runs is
+    asked)."""
     spec, gpu, profile, usable_bytes = target.spec, target.gpu, target.profile, target.usable_bytes
     ledger = trace.ledger
     per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
@@ -80,15 +81,17 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         # least limit it runs in (the smallest card's need); without a limit, the peak it
         # reaches with room enough.
         runs = limited.fits if limited is not None else None
-        reserved = (replay(ledger.events, workspaces, settings) if limited is None else limited
-                    if runs else least_limit_replay(ledger.events, workspaces, settings,
-                                                    max(0, usable_bytes - outside))
-                    if least else replay(ledger.events, workspaces, settings))
-        least = (least_limit_replay(ledger.events, workspaces, settings, 0)
-                 if limited is None and least else None)
+        reserved, least = limited, None
+        if not runs:
+            unlimited = replay(ledger.events, workspaces, settings)
+            failed = 0 if limited is None else max(0, usable_bytes - outside)
+            if search_least:
+                least = least_limit_replay(ledger.events, workspaces, settings, failed, unlimited)
+            reserved = least if limited is not None and least is not None else unlimited
         cuda_fields = dict(
             peak_reserved_bytes=reserved.peak_reserved_bytes,
-            least_reserved_bytes=least.peak_reserved_bytes if least else None,
+            least_reserved_bytes=(least.peak_reserved_bytes
+                                  if least is not None and limited is None else None),
             workspace_bytes=sum(workspaces), context_bytes=context,
             cudnn_calls=trace.cudnn_calls, env_profile=profile.name, runs_at_capacity=runs)
     return DeviceReport(

@@ -1,7 +1,7 @@
 """The largest ``sw_batch_size`` of a sliding window that fits: traced, doubling from the
 job's own (or halving it while it does not fit), then halving the gap between the last that
-fits and the first that does not. Every window runs in each trace, so a step's memory grows with the windows per
-forward, not with their count: a few whole-volume traces answer it."""
+fits and the first that does not. Every window runs in each trace, so a step's memory grows
+with the windows per forward, not with their count: a few whole-volume traces answer it."""
 
 from __future__ import annotations
 

@@ -31,6 +31,8 @@ CUDA_HOST_CONTEXT_BYTES = 1_500_000_000
 """Host RSS added by initialising CUDA in the main process (PyTorch issue #113326)."""
 
 HELD_BATCH = "batch being trained on"
+COLLATING = "samples being collated"
+"""A worker's term for the samples of the batch it builds (gone between epochs)."""
 
 class HostTerm(BaseModel):
     """One line of the arithmetic: ``count × bytes_each``."""
@@ -149,7 +151,7 @@ def worker_terms(spec: HostSpec, batch: int, dataset_bytes: int) -> list[HostTer
             note="Python objects copied on read (refcounts)" if forked
             else "dataset pickled into every worker"))
     terms.append(HostTerm(
-        name="samples being collated",
+        name=COLLATING,
         bytes_each=(spec.batch_size - 1) * sample + build_peak_bytes(spec, sample),
         count=1, per_worker=True, note=f"{spec.batch_size} samples; decode/transform copies"))
     terms.append(in_flight_term(spec, batch))

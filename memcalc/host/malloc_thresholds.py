@@ -38,7 +38,8 @@ MIN_GAIN = 0.10
 """A worker this much faster with the thresholds fixed is worth the advice..."""
 PEAK_SLACK, PEAK_FLOOR_BYTES = 1.25, 16 << 20
 """...unless its peak rose beyond this share of the measured one plus this (and one sample's
-temporaries, which the heap now keeps by design): temporaries kept in the heap can fragment it (a torch temporary allocated after the sample it fed grew a
+temporaries, which the heap now keeps by design): temporaries kept in the heap can fragment
+it (a torch temporary allocated after the sample it fed grew a
 worker from 54 to 454 MiB)."""
 
 

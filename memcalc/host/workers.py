@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from memcalc.errors import InputError
 from memcalc.host.arithmetic import (
+    COLLATING,
     TORCH_PROCESS_BYTES,
     HostTerm,
     batch_bytes,
@@ -156,7 +157,7 @@ def _measured_worker_terms(spec: HostSpec, measured: WorkerMeasurement, batch: i
                  per_worker=True,
                  note=f"real worker's peak over {measured.batches} batches minus the samples "
                       "it was collating"),
-        HostTerm(name="samples being collated", bytes_each=spec.batch_size * measured.sample_bytes,
+        HostTerm(name=COLLATING, bytes_each=spec.batch_size * measured.sample_bytes,
                  count=1, per_worker=True,
                  note=f"{spec.batch_size} measured samples"),
         in_flight_term(spec, batch),
@@ -168,7 +169,7 @@ def idle_workers_bytes(host: HostReport) -> int:
     terms without the samples it collates and the batches it has in flight."""
     if not host.spec.loader.persistent_workers:
         return 0
-    kept = [term for term in host.worker_terms if term.name != "samples being collated"
+    kept = [term for term in host.worker_terms if term.name != COLLATING
             and term.name != in_flight_term(host.spec, host.batch_bytes).name]
     return host.num_workers * _sum(kept)
 

@@ -3,8 +3,9 @@ registers these with IPython)."""
 
 from __future__ import annotations
 
-import re
 from html import escape
+
+from rich.text import Text
 
 from memcalc.render.validation import validation_lines
 from memcalc.render.verdict import verdict_line
@@ -54,7 +55,7 @@ def report_html(report: Report) -> str:
     lines = validation_lines(report)
     if lines:
         parts.append("<p><b>validation</b>: " + "<br>".join(
-            escape(re.sub(r"\[/?[a-z ]*\]", "", line)) for line in lines) + "</p>")
+            escape(Text.from_markup(line).plain) for line in lines) + "</p>")
     if report.host is not None:
         h = report.host
         parts.append(f"<p>host: {counted(h.max_num_workers, 'worker')} fit, recommended "

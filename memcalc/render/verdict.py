@@ -27,7 +27,8 @@ def verdict_line(report: Report) -> str:
     if validation.fits is False and line.startswith("FITS"):
         line = "DOES NOT FIT in validation; training" + line.removeprefix("FITS")
     elif validation.fits is None and validation.kind == "cuda" and fits == "fit unknown":
-        fits = _smallest_card(validation.total_bytes)
+        smallest = _smallest_gpu(_least_total(validation))
+        fits = f"smallest card {smallest.name}" if smallest else "more than any GPU"
     host = report.validation_host
     if host is not None and not host.fits:
         fits += f"; DOES NOT FIT in host RAM ({format_bytes(host.peak_bytes)})"
@@ -37,11 +38,18 @@ def verdict_line(report: Report) -> str:
             f"{format_bytes(validation.total_bytes)}, {fits}; {sets} sets the job's peak")
 
 
-def _smallest_card(total_bytes: int) -> str:
+def _least_total(device) -> int:
+    """The least memory the step runs in (reserved + context) where it was searched, else
+    its total."""
+    if device.least_reserved_bytes is None:
+        return device.total_bytes
+    return device.least_reserved_bytes + device.context_bytes
+
+
+def _smallest_gpu(total_bytes: int):
+    """The catalog's smallest card of at least ``total_bytes``; None when none is."""
     fitting = [gpu for gpu in gpu_catalog() if gpu.memory_bytes >= total_bytes]
-    if not fitting:
-        return "more than any GPU"
-    return f"smallest card {min(fitting, key=lambda gpu: gpu.memory_bytes).name}"
+    return min(fitting, key=lambda gpu: gpu.memory_bytes) if fitting else None
 
 
 def _step_verdict(report: Report) -> str:
@@ -61,8 +69,7 @@ def _step_verdict(report: Report) -> str:
         step = "evaluation" if report.spec.phase is StepPhase.EVAL else "training"
         return f"CPU {step}: {needs} of host RAM for the step"
     if device.capacity_bytes is None:
-        least = (device.least_reserved_bytes + device.context_bytes
-                 if device.least_reserved_bytes is not None else device.total_bytes)
+        least = _least_total(device)
         if least < device.total_bytes:
             needs += f" with room to spare, at least {format_bytes(least)}"
         return _against_cards(needs, device) or _against_catalog(needs, least)
@@ -92,12 +99,11 @@ def _against_cards(needs: str, device) -> str | None:
 
 
 def _against_catalog(needs: str, total_bytes: int) -> str:
-    biggest = max(gpu_catalog(), key=lambda gpu: gpu.memory_bytes)
-    if total_bytes > biggest.memory_bytes:
+    smallest = _smallest_gpu(total_bytes)
+    if smallest is None:
+        biggest = max(gpu_catalog(), key=lambda gpu: gpu.memory_bytes)
         return (f"DOES NOT FIT ANY GPU: {needs} ({biggest.name}: "
                 f"{format_bytes(biggest.memory_bytes)}); memcalc plan")
-    smallest = min((gpu for gpu in gpu_catalog() if gpu.memory_bytes >= total_bytes),
-                   key=lambda gpu: gpu.memory_bytes)
     return (f"{needs}; smallest card for it: {smallest.name} "
             f"({format_bytes(smallest.memory_bytes)}); --gpu for a verdict")
 

@@ -37,10 +37,9 @@ class CompiledRegion(nn.Module):
     """``module`` as ``torch.compile`` runs it in training: at its first call (under the
     step's grad mode and autocast) AOTAutograd captures the joint graph on the fake inputs,
     with the trace's watcher paused, and the partitioner splits it; every call then runs
-    the forward graph, whose saved tensors the backward graph consumes. Each graph runs op by
-    op with every value freed after its last use, as Inductor's generated code frees its
-    buffers; Inductor's fusion (intermediates never made) is not applied. A module that
-    cannot be captured whole (a graph break) runs eagerly: ``fallback`` says why."""
+    the forward graph, whose saved tensors the backward graph consumes, each graph run as
+    ``_FusingInterpreter`` allocates it. A module that cannot be captured whole (a graph
+    break) runs eagerly: ``fallback`` says why."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
@@ -100,9 +99,9 @@ def _graph_runner(graph_module):
 class _FusingInterpreter(Interpreter):
     """Runs a graph as Inductor's code would allocate it: a pointwise op whose every user is
     pointwise or a reduction is fused into them (its value is never a buffer), so it runs
-    unseen by the trace's watcher; a pointwise op whose first input is a buffer of its own shape and dtype
-    that dies there writes into that buffer (its ``out=`` variant: Inductor's in-place
-    kernels); every other value is a buffer, freed after its last use."""
+    unseen by the trace's watcher; a pointwise op whose first input is a buffer of its own
+    shape and dtype that dies there writes into that buffer (its ``out=`` variant:
+    Inductor's in-place kernels); every other value is a buffer, freed after its last use."""
 
     def __init__(self, graph_module) -> None:
         super().__init__(graph_module, garbage_collect_values=True)
@@ -113,27 +112,25 @@ class _FusingInterpreter(Interpreter):
         if node in self.fused:
             with dispatch_modes_paused():
                 return super().run_node(node)
-        if self._reusable_input(node) is not None:
+        if self._writes_in_place(node):
             args, kwargs = self.fetch_args_kwargs_from_env(node)
             op, out = out_variant(node.target)
             return op(*args, **kwargs, **{out: args[0]})
         return super().run_node(node)
 
-    def _reusable_input(self, node):
-        """The first input when the op can write into its buffer: a value of the op's shape
-        and dtype (or a view of one) used by nothing else, made by the graph, not saved."""
+    def _writes_in_place(self, node) -> bool:
+        """The op can write into its first input's buffer: a value of the op's shape and
+        dtype (or a view of one) used by nothing else, made by the graph, not saved."""
         if not _pointwise(node) or out_variant(node.target) is None or not node.args:
-            return None
+            return False
         source = base = node.args[0]
         while _single_use(base) and is_view_op(base.target):
             base = base.args[0]
         if not _single_use(base) or source not in self.user_to_last_uses.get(node, ()):
-            return None
+            return False
         value, made = source.meta.get("val"), node.meta.get("val")
-        if not (isinstance(value, torch.Tensor) and isinstance(made, torch.Tensor)
-                and value.shape == made.shape and value.dtype == made.dtype):
-            return None
-        return source
+        return (isinstance(value, torch.Tensor) and isinstance(made, torch.Tensor)
+                and value.shape == made.shape and value.dtype == made.dtype)
 
 
 def _single_use(value) -> bool:

@@ -1,5 +1,6 @@
-"""Tensors a traced step keeps in host RAM beside the GPU ones: a sliding window's volume and
-its output aggregation when they live on the CPU (MONAI's ``inputs`` and ``device``).
+"""Tensors a traced step makes in host RAM beside the GPU ones: a sliding window's output
+aggregated on the CPU and the windows gathered from a volume there (MONAI's ``device`` and
+``inputs``); the volume itself is the batch, which the host estimate holds already.
 
 In the trace such tensors are made on the ``meta`` device (``HOST_DEVICE``), which the storage
 watcher leaves out of the GPU ledger; this counter follows them instead, from the ops that make
