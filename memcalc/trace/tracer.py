@@ -51,6 +51,7 @@ from memcalc.trace.step import StepBody, TrainingIteration, prime_optimizer_stat
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
 from memcalc.trace.workspaces import ConvWorkspaces
+from memcalc.trace.cpu_conv_columns import CpuConvColumns
 from memcalc.specs import GradMode, LossKind
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class StepSetup:
     policy: PrecisionPolicy
     cuda_kernels: bool = False
     """Apply ``memcalc.trace.cuda_kernels`` substitutions (the target is a CUDA GPU)."""
+    cpu_kernels: bool = False
+    """The target runs PyTorch's own CPU kernels: the im2col columns of its slow
+    convolutions are inserted (``memcalc.trace.cpu_conv_columns``)."""
     cuda_capability: tuple[int, int] | None = None
     """Compute capability of the target GPU; None: ``cuda_kernels.ASSUMED_CAPABILITY``."""
     softmax_saves_input: bool = False
@@ -237,7 +241,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     workspaces = (ConvWorkspaces(setup.cudnn, transient, ledger.empty_cache,
                                  benchmark=setup.cudnn_benchmark, tf32=setup.cudnn_tf32)
                   if setup.cudnn is not None else None)
-    watcher = StorageWatcher(on_new, ledger.free, workspaces)
+    columns = CpuConvColumns(transient) if setup.cpu_kernels else None
+    watcher = StorageWatcher(on_new, ledger.free, workspaces or columns)
     halo = ZeroHalos()
     model = step_model(setup, halo, meta_model)
     model, regions = compiled_regions(model, setup.compile_regions)
@@ -292,7 +297,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                        offload.peak_bytes, host.peak_bytes, halo.peak_bytes,
                        workspaces.calls if workspaces else 0, bounded.uses(),
                        dict(kernels.target.attention_backends) if kernels else {},
-                       tuple(sorted(kernels.target.unmodelled)) if kernels else (),
+                       tuple(sorted(kernels.target.unmodelled if kernels else
+                                    columns.unmodelled if columns else ())),
                        compile_fallbacks=fallbacks(regions))
 
 
