@@ -45,6 +45,8 @@ class PreparedStep:
     card_reports: dict[tuple[str, int], DeviceReport] = field(default_factory=dict)
     hooks_left_out: str | None = None
     """Why the model's own hooks were left out of the traces (they failed on fakes)."""
+    compile_left_out: str | None = None
+    """Why the compiled step could not be traced (it was then traced eagerly)."""
 
     @property
     def spec(self) -> TrainingSpec:
@@ -105,12 +107,27 @@ class PreparedStep:
                 setup = replace(self.setup,
                                 batch_shape=(batch_size, *self.layout.traced_sample_shape))
                 try:
-                    trace = self._traced_with_or_without_hooks(setup)
+                    trace = self._traced_compiled_or_eager(setup)
                     self.output_shapes[batch_size] = trace.output_shape
                     self.traces[batch_size] = trace
                 except TraceError as error:
                     self.trace_errors[batch_size] = str(error)
         return self.traces[batch_size]
+
+    def _traced_compiled_or_eager(self, setup: StepSetup) -> TraceResult:
+        """The step with its compiled regions; when that trace fails, eagerly, the reason
+        among the compile fallbacks (and from then on eagerly)."""
+        if not setup.compile_regions:
+            return self._traced_with_or_without_hooks(setup)
+        if self.compile_left_out is None:
+            try:
+                return self._traced_with_or_without_hooks(setup)
+            except TraceError as error:
+                self.compile_left_out = str(error)
+        trace = self._traced_with_or_without_hooks(replace(setup, compile_regions=()))
+        return replace(trace, compile_fallbacks=(
+            f"(step): the compiled graphs failed where the eager step runs "
+            f"({self.compile_left_out}): traced eager",))
 
     def _traced_with_or_without_hooks(self, setup: StepSetup) -> TraceResult:
         """The step with the model's own hooks; when it fails and the model has hooks, again

@@ -227,8 +227,7 @@ def compiled_assumptions(names: Sequence[str], fallbacks: Sequence[str]) -> list
              "op, a pointwise op whose users are all pointwise fused away, one writing into "
              "a dying input of its shape in place, every value freed after its last use. "
              "Inductor's own scheduling and buffer planning beyond that are not read"]
-    lines += [f"WARNING: compiled {fallback} (a graph break): that module was traced eager"
-              for fallback in fallbacks]
+    lines += [f"WARNING: torch.compile: {fallback}" for fallback in fallbacks]
     return lines
 
 

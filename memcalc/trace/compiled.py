@@ -6,6 +6,8 @@ compiled step's."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 from torch.fx import Interpreter
@@ -39,30 +41,73 @@ class CompiledRegion(nn.Module):
     with the trace's watcher paused, and the partitioner splits it; every call then runs
     the forward graph, whose saved tensors the backward graph consumes, each graph run as
     ``_FusingInterpreter`` allocates it. A module that cannot be captured whole (a graph
-    break) runs eagerly: ``fallback`` says why."""
+    break: data-dependent Python, outputs that are not tensors) runs eagerly, ``fallback``
+    saying why, with its submodules compiled each on its own (``parts``): Dynamo splits
+    the graph at the break and compiles what is around it; here the split is at module
+    boundaries. Attributes other than its own are the module's, as on an
+    ``OptimizedModule``."""
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
         self.module = module
         self.fallback: str | None = None
-        self._compiled = None
-        self._flat: _FlatCall | None = None
+        self.parts: dict[str, CompiledRegion] = {}
+        self._entries: dict[tuple, tuple] = {}
+        # the module's signature, for code that reads it (Hugging Face's input checks)
+        self.forward = functools.wraps(module.forward)(
+            lambda *args, **kwargs: self._forward(*args, **kwargs))
 
-    def forward(self, *args, **kwargs):
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(super().__getattr__("module"), name)
+
+    def _forward(self, *args, **kwargs):
         if self.fallback is not None:
             return self.module(*args, **kwargs)
         leaves, structure = tree_flatten((args, kwargs))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        if self._compiled is None:
-            self._flat = _FlatCall(self.module, leaves, structure)
+        key = _call_key(leaves, structure)
+        if key not in self._entries:
             try:
-                with dispatch_modes_paused():   # examples of their own: the capture keeps them
-                    examples = [fake_stand_in(tensor) for tensor in tensors]
-                    self._compiled = aot_joint_capture(self._flat, examples, _graph_runner)
+                self._entries[key] = self._capture(leaves, structure, tensors)
             except Exception as error:   # whatever the capture meets: the eager step stands
                 self.fallback = f"{type(error).__name__}: {first_line(error)}"
+                self.parts = _compiled_children(self.module)
                 return self.module(*args, **kwargs)
-        return tree_unflatten(list(self._compiled(*tensors)), self._flat.out_structure)
+        compiled, flat = self._entries[key]
+        return tree_unflatten(list(compiled(*tensors)), flat.out_structure)
+
+    def _capture(self, leaves: list, structure, tensors: list):
+        """The graphs of one kind of call (its tensors' shapes, its other arguments), as
+        Dynamo compiles each kind once, up to its recompile limit."""
+        if len(self._entries) >= RECOMPILE_LIMIT:
+            raise RuntimeError(f"called {RECOMPILE_LIMIT} ways (Dynamo's recompile_limit)")
+        others = [leaf for leaf in leaves
+                  if not isinstance(leaf, (torch.Tensor, *_CONSTANTS))]
+        if others:   # captured as fixed values, it would keep capture-time tensors in them
+            raise TypeError(f"an argument of type {type(others[0]).__name__} is not a "
+                            "constant (Dynamo traces into it; memcalc does not)")
+        flat = _FlatCall(self.module, leaves, structure)
+        with dispatch_modes_paused():   # examples of their own: the capture keeps them
+            examples = [fake_stand_in(tensor) for tensor in tensors]
+            return aot_joint_capture(flat, examples, _graph_runner), flat
+
+
+RECOMPILE_LIMIT = 8
+"""Kinds of call Dynamo compiles a frame for before it runs it eagerly
+(``torch._dynamo.config.recompile_limit``)."""
+_CONSTANTS = (type(None), bool, int, float, str, torch.dtype, torch.device, torch.layout,
+              torch.memory_format)
+
+
+def _call_key(leaves: list, structure) -> tuple:
+    """What tells one kind of call from another: the arguments' structure, the tensors'
+    layout and whether they need gradients, the other values."""
+    return (repr(structure), tuple(
+        (tuple(leaf.shape), tuple(leaf.stride()), leaf.dtype, leaf.requires_grad)
+        if isinstance(leaf, torch.Tensor) else repr(leaf) for leaf in leaves))
 
 
 _TENSOR = object()
@@ -70,7 +115,7 @@ _TENSOR = object()
 
 
 class _FlatCall(nn.Module):
-    """The module called on its tensor arguments alone (the others fixed as first seen),
+    """The module called on its tensor arguments alone (the others fixed, constants),
     returning its outputs flattened into a tuple, as AOTAutograd's capture needs."""
 
     def __init__(self, module: nn.Module, leaves: list, structure) -> None:
@@ -119,8 +164,9 @@ class _FusingInterpreter(Interpreter):
         return super().run_node(node)
 
     def _writes_in_place(self, node) -> bool:
-        """The op can write into its first input's buffer: a value of the op's shape and
-        dtype (or a view of one) used by nothing else, made by the graph, not saved."""
+        """The op can write into its first input's buffer: a value of the op's shape, strides
+        and dtype (or a view of one) used by nothing else, made by the graph, not saved (a
+        value of other strides would hand later views a layout the graph does not have)."""
         if not _pointwise(node) or out_variant(node.target) is None or not node.args:
             return False
         source = base = node.args[0]
@@ -130,7 +176,8 @@ class _FusingInterpreter(Interpreter):
             return False
         value, made = source.meta.get("val"), node.meta.get("val")
         return (isinstance(value, torch.Tensor) and isinstance(made, torch.Tensor)
-                and value.shape == made.shape and value.dtype == made.dtype)
+                and value.shape == made.shape and value.dtype == made.dtype
+                and value.stride() == made.stride())
 
 
 def _single_use(value) -> bool:
@@ -168,7 +215,44 @@ def compiled_regions(model: nn.Module, names: tuple[str, ...]
     return model, regions
 
 
+def _compiled_children(module: nn.Module, prefix: str = "") -> dict[str, CompiledRegion]:
+    """``module``'s children, each replaced by a ``CompiledRegion`` of its own (the elements
+    of a ``ModuleList`` or ``ModuleDict``, which are not called themselves)."""
+    parts: dict[str, CompiledRegion] = {}
+    for name, child in list(module.named_children()):
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            parts.update(_compiled_children(child, f"{prefix}{name}."))
+        else:
+            parts[prefix + name] = CompiledRegion(child)
+            setattr(module, name, parts[prefix + name])
+    return parts
+
+
 def fallbacks(regions: dict[str, CompiledRegion]) -> tuple[str, ...]:
-    """``name: reason`` for every region that ran eagerly."""
-    return tuple(f"{name or '(model)'}: {region.fallback}"
-                 for name, region in regions.items() if region.fallback)
+    """One line per reason a region (or, where its submodules were compiled on their own,
+    one of theirs) was not captured whole, naming the regions it held for."""
+    grouped: dict[tuple[str, bool], list[tuple[str, int]]] = {}
+    for name, region in _eager_regions(regions):
+        grouped.setdefault((region.fallback, bool(region.parts)), []).append(
+            (name or "(model)", len(region.parts)))
+    lines = []
+    for (reason, split), names in grouped.items():
+        if len(names) == 1:
+            (name, parts), = names
+            what = (f"its {parts} submodules compiled each on its own, the rest traced eager"
+                    if split else "traced eager")
+            lines.append(f"{name} not captured whole ({reason}): {what}")
+            continue
+        listed = ", ".join(name for name, _ in names[:3]) + (", …" if len(names) > 3 else "")
+        what = ("their submodules compiled each on its own, the rest traced eager" if split
+                else "traced eager")
+        lines.append(f"{len(names)} modules not captured whole ({reason}): {listed}; {what}")
+    return tuple(lines)
+
+
+def _eager_regions(regions: dict[str, CompiledRegion]):
+    for name, region in regions.items():
+        if region.fallback:
+            yield name, region
+            yield from _eager_regions({f"{name}.{part}" if name else part: sub
+                                       for part, sub in region.parts.items()})
