@@ -13,9 +13,13 @@ benchmark runs in an environment of its own (not CI's), which runs on the CPU:
     python3 -m venv /tmp/tvenv && . /tmp/tvenv/bin/activate
     pip install torch==2.14.1 torchvision==0.29.1 && pip install timm monai transformers einops
     pip install -e .
-    python -m benchmarks.ecosystem [--library timm] [--only vit] [--resume]
+    python -m benchmarks.ecosystem [--library timm] [--only vit] [--resume] [--compile]
 
 Writes benchmarks/out/ecosystem.json (after every case) and benchmarks/results-ecosystem.md.
+With ``--compile`` every case runs ``memcalc estimate --compile``: a traced case is
+``compiled`` when every compiled region was traced as Inductor runs it, ``partly eager`` when
+one ran eagerly (a graph break, or compiled graphs memcalc could not run: the reason is its
+cause); out/ecosystem-compile.json and results-ecosystem-compile.md.
 """
 
 from __future__ import annotations
@@ -32,21 +36,38 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import NamedTuple
 
 from benchmarks.ecosystem_cases import LIBRARIES, cases
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "out" / "ecosystem.json"
-RESULTS = ROOT / "benchmarks" / "results-ecosystem.md"
 TIMEOUT_S = 240
-CATEGORIES = ("traced", "static", "clean error", "traceback")
 TRACE_FAILED = "traced step: "
 
 
-def run_case(args: list[str]) -> dict:
+class Mode(NamedTuple):
+    """How every case runs: memcalc's extra options, where results go, the categories."""
+
+    options: tuple[str, ...]
+    out: Path
+    results: Path
+    categories: tuple[str, ...]
+
+
+MODES = {
+    "eager": Mode((), ROOT / "benchmarks" / "out" / "ecosystem.json",
+                  ROOT / "benchmarks" / "results-ecosystem.md",
+                  ("traced", "static", "clean error", "traceback")),
+    "compile": Mode(("--compile",), ROOT / "benchmarks" / "out" / "ecosystem-compile.json",
+                    ROOT / "benchmarks" / "results-ecosystem-compile.md",
+                    ("compiled", "partly eager", "static", "clean error", "traceback")),
+}
+
+
+def run_case(args: list[str], mode: Mode = MODES["eager"]) -> dict:
     """One fresh ``memcalc estimate`` process: its category, cause and seconds."""
     command = ["nice", "-n", "10", sys.executable, "-m", "memcalc", "estimate", *args,
-               "--batch-size", "2", "--json"]
+               *mode.options, "--batch-size", "2", "--json"]
     start = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S,
@@ -55,7 +76,12 @@ def run_case(args: list[str]) -> dict:
         return {"category": "traceback", "cause": f"timed out after {TIMEOUT_S} s",
                 "seconds": TIMEOUT_S}
     seconds = round(time.perf_counter() - start, 1)
-    return {**classify(done.returncode, done.stdout, done.stderr), "seconds": seconds}
+    result = classify(done.returncode, done.stdout, done.stderr)
+    if mode.options and result["category"] == "traced":
+        fallbacks = result.pop("compile_fallbacks")
+        result = {**result, "category": "partly eager" if fallbacks else "compiled",
+                  "cause": fallbacks[0][:300] if fallbacks else ""}
+    return {**result, "seconds": seconds}
 
 
 def classify(code: int, stdout: str, stderr: str) -> dict:
@@ -71,6 +97,7 @@ def classify(code: int, stdout: str, stderr: str) -> dict:
         return {"category": "traceback", "cause": "stdout is not the JSON report"}
     device = report["device"]
     result = {"peak_bytes": device["total_bytes"],
+              "compile_fallbacks": device.get("compile_fallbacks") or [],
               "bounded_ops": sorted({use["op"] for use in device.get("bounded_sizes") or []})}
     if device["method"] == "traced":
         return {"category": "traced", "cause": "", **result}
@@ -85,10 +112,13 @@ def main() -> None:
     parser.add_argument("--only", help="only cases whose name contains this")
     parser.add_argument("--resume", action="store_true",
                         help="skip cases already measured with the same arguments")
+    parser.add_argument("--compile", action="store_true",
+                        help="every case with memcalc's --compile")
     options = parser.parse_args()
+    mode = MODES["compile" if options.compile else "eager"]
     # earlier results are kept (and the table covers them); --resume skips them
-    results = json.loads(OUT.read_text()) if OUT.exists() else {}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(mode.out.read_text()) if mode.out.exists() else {}
+    mode.out.parent.mkdir(parents=True, exist_ok=True)
     every = cases()
     # cases no longer listed are forgotten; --resume measures again those whose arguments changed
     current = {f"{library}/{name}": args for library, name, args in every}
@@ -99,30 +129,31 @@ def main() -> None:
         if (options.library and library != options.library) or \
                 (options.only and options.only not in name) or (options.resume and key in results):
             continue
-        results[key] = {"library": library, "name": name, "args": args, **run_case(args)}
+        results[key] = {"library": library, "name": name, "args": args,
+                        **run_case(args, mode)}
         print(f"{key:50s} {results[key]['category']:12s} {results[key]['seconds']:6.1f} s  "
               f"{results[key]['cause'][:80]}", flush=True)
-        OUT.write_text(json.dumps(results, indent=1))
-    RESULTS.write_text(markdown(results))
-    print(markdown(results))
+        mode.out.write_text(json.dumps(results, indent=1))
+    mode.results.write_text(markdown(results, mode))
+    print(markdown(results, mode))
 
 
-def markdown(results: dict) -> str:
+def markdown(results: dict, mode: Mode = MODES["eager"]) -> str:
     by_library: dict[str, list[dict]] = defaultdict(list)
     for result in results.values():
         by_library[result["library"]].append(result)
-    rows = ["| library | cases | traced | static | clean error | traceback | median s |",
-            "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| library | cases | " + " | ".join(mode.categories) + " | median s |",
+            "|---|---:|" + "---:|" * len(mode.categories) + "---:|"]
     ordered = sorted(by_library.items(), key=lambda item: LIBRARIES.index(item[0]))
     for library, group in [*ordered, ("all", list(results.values()))]:
-        counts = [sum(r["category"] == c for r in group) for c in CATEGORIES]
+        counts = [sum(r["category"] == c for r in group) for c in mode.categories]
         share = f" ({100 * counts[0] / len(group):.0f} %)" if group else ""
-        rows.append(f"| {library} | {len(group)} | {counts[0]}{share} | {counts[1]} | "
-                    f"{counts[2]} | {counts[3]} | "
-                    f"{statistics.median(r['seconds'] for r in group):.1f} |")
+        rows.append(f"| {library} | {len(group)} | {counts[0]}{share} | "
+                    + "".join(f"{count} | " for count in counts[1:])
+                    + f"{statistics.median(r['seconds'] for r in group):.1f} |")
     causes: dict[tuple[str, str], list[str]] = defaultdict(list)
     for result in results.values():
-        if result["category"] != "traced":
+        if result["category"] != mode.categories[0]:
             causes[(result["category"], result["cause"])].append(
                 f"{result['library']}/{result['name']}")
     listed = [f"- **{category}** ({len(names)}): {cause} — {', '.join(sorted(names))}"
@@ -130,11 +161,12 @@ def markdown(results: dict) -> str:
     bounded = sorted(f"{r['library']}/{r['name']}" for r in results.values()
                      if r.get("bounded_ops"))
     return "\n".join([
-        "# Ecosystem: models users bring, through `memcalc estimate --batch-size 2 --json`",
+        "# Ecosystem: models users bring, through `memcalc estimate "
+        + "".join(f"{option} " for option in mode.options) + "--batch-size 2 --json`",
         "", f"{datetime.date.today()}; {platform.machine()}, {os.cpu_count()} cores; "
         + ", ".join(f"{package} {_version(package)}" for package in
                     ("torch", "torchvision", "timm", "monai", "transformers")), "",
-        *rows, "", "Not traced, by cause:", "", *(listed or ["- none"]), "",
+        *rows, "", f"Not {mode.categories[0]}, by cause:", "", *(listed or ["- none"]), "",
         f"Traced with data-dependent ops at bounds ({len(bounded)}): {', '.join(bounded)}", ""])
 
 
