@@ -276,15 +276,19 @@ class TrainingSpec(BaseModel):
                              "traces one evaluation step on one GPU: leave it out")
         return self
 
-    @model_validator(mode="after")
-    def _compile_alone(self) -> TrainingSpec:
-        others = [name for name, given in (
+    @property
+    def not_traced_with_compile(self) -> list[str]:
+        """Options of this spec a compiled step is not traced with yet."""
+        return [name for name, given in (
             ("--strategy", self.parallel is not None), ("--spatial-parts", self.spatial_parts > 1),
             ("--checkpointing", self.activation_checkpointing is not None),
             ("--offload-activations", self.offload_activations)) if given]
-        if self.compile and others:
-            raise ValueError(f"--compile with {', '.join(others)} is not traced together yet: "
-                             "leave one out")
+
+    @model_validator(mode="after")
+    def _compile_alone(self) -> TrainingSpec:
+        if self.compile and self.not_traced_with_compile:
+            raise ValueError(f"--compile with {', '.join(self.not_traced_with_compile)} is not "
+                             "traced together yet: leave one out")
         return self
 
     @model_validator(mode="after")

@@ -120,6 +120,11 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
         notes.append(f"needs {format_bytes(offloaded)} of pinned host RAM per GPU process for "
                      "the offloaded activations; their copies out and back are timed at "
                      f"{HOST_LINK_BYTES_PER_S / 1e9:g} GB/s, not overlapped")
+    if variant.spec.compile:
+        notes.append("compiled: memory as AOTAutograd's partition and Inductor's fusion keep "
+                     "it; timed as the eager step (compiling's speed-up is not modelled), and "
+                     "the first step compiles for minutes")
+        notes += [f"graph break, traced eager: {fallback}" for fallback in device.compile_fallbacks]
     if steps > 1 and not variant.rule.keeps_gradients:
         notes.append("accumulating needs the gradients kept between micro-batches; see the "
                      "'accumulation' candidate for that peak")

@@ -173,6 +173,20 @@ def _mixed_offloaded(spec: TrainingSpec, context: VariantContext) -> TrainingSpe
     return spec.with_changes(offload_activations=True, precision=context.mixed_precision)
 
 
+def _compiled(precision: bool) -> Callable[[TrainingSpec, VariantContext], TrainingSpec | None]:
+    """The job under ``torch.compile`` (with mixed precision): not where the job compiles
+    already, nor beside what is not traced compiled yet (checkpointing, offloading, a
+    distributed strategy, a spatial split)."""
+    def variant(spec: TrainingSpec, context: VariantContext) -> TrainingSpec | None:
+        if spec.compile or spec.not_traced_with_compile:
+            return None
+        if precision and spec.precision in MIXED_PRECISIONS:
+            return None
+        mixed = {"precision": context.mixed_precision} if precision else {}
+        return spec.with_changes(compile=True, **mixed)
+    return variant
+
+
 def _gradients_kept(spec: TrainingSpec, context: VariantContext) -> TrainingSpec:
     return spec.with_changes(zero_grad_to_none=False)
 
@@ -265,6 +279,8 @@ register(TracedRule(Strategy.MIXED_PRECISION, _mixed))
 register(TracedRule(Strategy.CHECKPOINTING, _checkpointed(precision=False)))
 register(TracedRule(Strategy.MIXED_PRECISION_CHECKPOINTING, _checkpointed(precision=True)))
 register(TracedRule(Strategy.MIXED_PRECISION_OFFLOAD, _mixed_offloaded))
+register(TracedRule(Strategy.COMPILE, _compiled(precision=False), base=False))
+register(TracedRule(Strategy.MIXED_PRECISION_COMPILE, _compiled(precision=True), base=False))
 register(TracedRule(Strategy.ACCUMULATION, _gradients_kept, base=False, keeps_gradients=True,
                     adds_to_the_job=True))
 register(DerivedRule(Strategy.DDP, _ddp, _gradient_all_reduce, more_gpus_fit=False))

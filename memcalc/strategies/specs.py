@@ -36,6 +36,8 @@ class Strategy(str, Enum):
     CHECKPOINTING = "checkpointing"
     MIXED_PRECISION_CHECKPOINTING = "mixed-precision+checkpointing"
     MIXED_PRECISION_OFFLOAD = "mixed-precision+offload"
+    COMPILE = "compile"
+    MIXED_PRECISION_COMPILE = "mixed-precision+compile"
     ACCUMULATION = "accumulation"
     DDP = "ddp"
     DATA_PARALLEL = "dataparallel"
