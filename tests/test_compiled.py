@@ -153,11 +153,11 @@ def test_attention_heads_laid_out_by_a_transpose_trace_compiled():
 
 
 def test_a_compiled_step_that_cannot_be_traced_is_traced_eager_and_says_why(monkeypatch):
-    from memcalc.trace import compiled
+    from memcalc.trace import compiled_graph
 
     def refuse(self, node):
         raise RuntimeError("an op memcalc cannot run compiled")
-    monkeypatch.setattr(compiled._FusingInterpreter, "run_node", refuse)
+    monkeypatch.setattr(compiled_graph._FusingInterpreter, "run_node", refuse)
     report = _estimate(_net, compile=True)
     assert report.device.method == "traced"
     (fallback,) = report.device.compile_fallbacks

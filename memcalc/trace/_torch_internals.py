@@ -35,6 +35,7 @@ import contextlib
 import logging
 import sys
 import threading
+import warnings
 import weakref
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -747,6 +748,26 @@ def aot_joint_capture(module: nn.Module, flat_args: list, run_graph: Callable):
     return aot_module_simplified(module, flat_args, compiler, compiler,
                                  partition_fn=min_cut_rematerialization_partition,
                                  decompositions=select_decomp_table())
+
+
+def inductor_layout_optimization(graph_module, *, cuda: bool) -> bool:
+    """Whether Inductor lays this training graph's convolutions out channels-last
+    (``GraphLowering.decide_layout_opt``): on a CPU with oneDNN always; for a CUDA GPU by
+    its heuristics, read with oneDNN set aside (the trace's fakes are CPU tensors). False
+    where this torch has no such decision."""
+    try:
+        from torch._inductor.graph import GraphLowering
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.backends.mkldnn.flags(enabled=not cuda and torch.backends.mkldnn.enabled):
+                return bool(GraphLowering.decide_layout_opt(graph_module, is_inference=False))
+    except Exception:   # private API: absent or changed in this torch build
+        return False
+
+
+def is_convolution_op(target) -> bool:
+    """``aten.convolution`` (the op Inductor's layout optimisation turns channels-last)."""
+    return target is torch.ops.aten.convolution.default
 
 
 def is_pointwise_op(target) -> bool:

@@ -10,15 +10,14 @@ import functools
 
 import torch
 from torch import nn
-from torch.fx import Interpreter
 
 from memcalc.errors import first_line
 from memcalc.model.build import built_for_real, mark_built_for_real, mark_compiled
 from memcalc.model.source import meta_twin
 from memcalc.trace._torch_internals import (
     aot_joint_capture, compiled_module_names, dispatch_modes_paused, fake_stand_in,
-    is_pointwise_op, is_reduction_op, is_view_op, out_variant, tree_flatten, tree_unflatten,
-    without_compile)
+    tree_flatten, tree_unflatten, without_compile)
+from memcalc.trace.compiled_graph import graph_runner
 
 
 def eager_model(model: nn.Module, original: nn.Module | None = None) -> nn.Module:
@@ -40,16 +39,16 @@ class CompiledRegion(nn.Module):
     step's grad mode and autocast) AOTAutograd captures the joint graph on the fake inputs,
     with the trace's watcher paused, and the partitioner splits it; every call then runs
     the forward graph, whose saved tensors the backward graph consumes, each graph run as
-    ``_FusingInterpreter`` allocates it. A module that cannot be captured whole (a graph
+    ``memcalc.trace.compiled_graph`` allocates it. A module that cannot be captured whole (a graph
     break: data-dependent Python, outputs that are not tensors) runs eagerly, ``fallback``
     saying why, with its submodules compiled each on its own (``parts``): Dynamo splits
     the graph at the break and compiles what is around it; here the split is at module
     boundaries. Attributes other than its own are the module's, as on an
     ``OptimizedModule``."""
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, cuda: bool = False) -> None:
         super().__init__()
-        self.module = module
+        self.module, self.cuda = module, cuda
         self.fallback: str | None = None
         self.parts: dict[str, CompiledRegion] = {}
         self._entries: dict[tuple, tuple] = {}
@@ -74,7 +73,7 @@ class CompiledRegion(nn.Module):
                 self._entries[key] = self._capture(leaves, structure, tensors)
             except Exception as error:   # whatever the capture meets: the eager step stands
                 self.fallback = f"{type(error).__name__}: {first_line(error)}"
-                self.parts = _compiled_children(self.module)
+                self.parts = _compiled_children(self.module, self.cuda)
                 return self.module(*args, **kwargs)
         compiled, flat = self._entries[key]
         return tree_unflatten(list(compiled(*tensors)), flat.out_structure)
@@ -92,7 +91,7 @@ class CompiledRegion(nn.Module):
         flat = _FlatCall(self.module, leaves, structure)
         with dispatch_modes_paused():   # examples of their own: the capture keeps them
             examples = [fake_stand_in(tensor) for tensor in tensors]
-            return aot_joint_capture(flat, examples, _graph_runner), flat
+            return aot_joint_capture(flat, examples, graph_runner(self.cuda)), flat
 
 
 RECOMPILE_LIMIT = 8
@@ -133,97 +132,33 @@ class _FlatCall(nn.Module):
         return tuple(outputs)
 
 
-def _graph_runner(graph_module):
-    """A partitioned graph run op by op, every value freed after its last use and the input
-    list cleared (``Interpreter.boxed_run``), as compiled code holds no value longer."""
-    def run(inputs: list):
-        return _FusingInterpreter(graph_module).boxed_run(inputs)
-    return run
-
-
-class _FusingInterpreter(Interpreter):
-    """Runs a graph as Inductor's code would allocate it: a pointwise op whose every user is
-    pointwise or a reduction is fused into them (its value is never a buffer), so it runs
-    unseen by the trace's watcher; a pointwise op whose first input is a buffer of its own
-    shape and dtype that dies there writes into that buffer (its ``out=`` variant:
-    Inductor's in-place kernels); every other value is a buffer, freed after its last use."""
-
-    def __init__(self, graph_module) -> None:
-        super().__init__(graph_module, garbage_collect_values=True)
-        self.fused = {node for node in graph_module.graph.nodes
-                      if _pointwise(node) and node.users and all(map(_fuses, node.users))}
-
-    def run_node(self, node):
-        if node in self.fused:
-            with dispatch_modes_paused():
-                return super().run_node(node)
-        if self._writes_in_place(node):
-            args, kwargs = self.fetch_args_kwargs_from_env(node)
-            op, out = out_variant(node.target)
-            return op(*args, **kwargs, **{out: args[0]})
-        return super().run_node(node)
-
-    def _writes_in_place(self, node) -> bool:
-        """The op can write into its first input's buffer: a value of the op's shape, strides
-        and dtype (or a view of one) used by nothing else, made by the graph, not saved (a
-        value of other strides would hand later views a layout the graph does not have)."""
-        if not _pointwise(node) or out_variant(node.target) is None or not node.args:
-            return False
-        source = base = node.args[0]
-        while _single_use(base) and is_view_op(base.target):
-            base = base.args[0]
-        if not _single_use(base) or source not in self.user_to_last_uses.get(node, ()):
-            return False
-        value, made = source.meta.get("val"), node.meta.get("val")
-        return (isinstance(value, torch.Tensor) and isinstance(made, torch.Tensor)
-                and value.shape == made.shape and value.dtype == made.dtype
-                and value.stride() == made.stride())
-
-
-def _single_use(value) -> bool:
-    return (getattr(value, "op", None) == "call_function" and len(value.users) == 1
-            and not isinstance(value.target, type(len)))    # getitem: part of a tuple
-
-
-def _pointwise(node) -> bool:
-    return node.op == "call_function" and is_pointwise_op(node.target)
-
-
-def _fuses(node) -> bool:
-    """A consumer Inductor fuses its pointwise producers into: a pointwise op, a reduction,
-    or a view that only such consumers read."""
-    if node.op != "call_function":
-        return False
-    if is_pointwise_op(node.target) or is_reduction_op(node.target):
-        return True
-    return is_view_op(node.target) and bool(node.users) and all(map(_fuses, node.users))
-
-
-def compiled_regions(model: nn.Module, names: tuple[str, ...]
+def compiled_regions(model: nn.Module, names: tuple[str, ...], cuda: bool = False
                      ) -> tuple[nn.Module, dict[str, CompiledRegion]]:
-    """``model`` with the modules ``names`` (``""``: the model itself) run compiled."""
+    """``model`` with the modules ``names`` (``""``: the model itself) run compiled, as
+    Inductor compiles for a CUDA GPU (``cuda``) or a CPU."""
     regions: dict[str, CompiledRegion] = {}
     for name in sorted(names, key=len, reverse=True):      # inner ones first
         if not name:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        regions[name] = CompiledRegion(getattr(parent, child))
+        regions[name] = CompiledRegion(getattr(parent, child), cuda)
         setattr(parent, child, regions[name])
     if "" in names:
-        model = regions[""] = CompiledRegion(model)
+        model = regions[""] = CompiledRegion(model, cuda)
     return model, regions
 
 
-def _compiled_children(module: nn.Module, prefix: str = "") -> dict[str, CompiledRegion]:
+def _compiled_children(module: nn.Module, cuda: bool, prefix: str = ""
+                       ) -> dict[str, CompiledRegion]:
     """``module``'s children, each replaced by a ``CompiledRegion`` of its own (the elements
     of a ``ModuleList`` or ``ModuleDict``, which are not called themselves)."""
     parts: dict[str, CompiledRegion] = {}
     for name, child in list(module.named_children()):
         if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
-            parts.update(_compiled_children(child, f"{prefix}{name}."))
+            parts.update(_compiled_children(child, cuda, f"{prefix}{name}."))
         else:
-            parts[prefix + name] = CompiledRegion(child)
+            parts[prefix + name] = CompiledRegion(child, cuda)
             setattr(module, name, parts[prefix + name])
     return parts
 

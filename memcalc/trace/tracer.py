@@ -245,7 +245,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     watcher = StorageWatcher(on_new, ledger.free, workspaces or columns)
     halo = ZeroHalos()
     model = step_model(setup, halo, meta_model)
-    model, regions = compiled_regions(model, setup.compile_regions)
+    model, regions = compiled_regions(model, setup.compile_regions, setup.cuda_kernels)
     stages = (pipeline_rank(setup.parallel, model, setup.inputs, mesh)
               if setup.parallel is not None and setup.parallel.pp > 1 else None)
     if stages is None:
