@@ -91,9 +91,10 @@ def main() -> None:
         f"torch {torch.__version__}. Regenerate with `python -m benchmarks.core`.",
         "## Speed and memory of the estimator (fresh process each, incl. torch import)",
         speed,
-        "## Accuracy against real CPU runs (profiler memory timeline): linear and attention",
+        "## Accuracy against real CPU runs (profiler memory timeline): linear, attention, "
+        "ATen's own convolutions",
         linear,
-        "## Convolutional models on CPU (oneDNN / im2col workspaces are not traced)",
+        "## Convolutional models on CPU (oneDNN's scratch is not traced)",
         conv,
     ]) + "\n"
     RESULTS.write_text(text)

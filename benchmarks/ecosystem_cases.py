@@ -1,5 +1,6 @@
 """The ecosystem benchmark's models: torchvision, timm, MONAI and Hugging Face transformers,
-each built from code or a small config (never weights), with the options a user would give.
+each built from code or a small config (never weights), with the options a user would give,
+and memcalc's own zoo at its default shapes.
 
 A case is (library, name, CLI arguments after ``memcalc estimate``). Factories for models that
 need a config live here, referenced as ``benchmarks.ecosystem_cases:NAME``.
@@ -7,7 +8,10 @@ need a config live here, referenced as ``benchmarks.ecosystem_cases:NAME``.
 
 from __future__ import annotations
 
-LIBRARIES = ("transformers", "MONAI 3D", "torchvision detection", "torchvision", "timm")
+from models_zoo import ZOO
+
+LIBRARIES = ("memcalc zoo", "transformers", "MONAI 3D", "torchvision detection", "torchvision",
+             "timm")
 NO_WEIGHTS = ["--model-arg", "weights=none"]
 DETECTION_WEIGHTS = NO_WEIGHTS + ["--model-arg", "weights_backbone=none"]
 IMAGE = ["--shape", "3,224,224"]
@@ -140,4 +144,5 @@ def cases() -> list[tuple[str, str, list[str]]]:
               for name, args in MONAI.items()]
     found += [("transformers", name, ["--model", f"benchmarks.ecosystem_models:hf_{name}", *args])
               for name, args in HF.items()]
+    found += [("memcalc zoo", name, ["--model", name]) for name in ZOO]   # at its own shape
     return sorted(found, key=lambda case: LIBRARIES.index(case[0]))

@@ -112,8 +112,9 @@ def assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfile, *,
     if spec.device is DeviceKind.CUDA and traced:
         lines.append(_allocator_assumption(spec))
     if spec.device is DeviceKind.CPU and model_has_conv:
-        lines.append("CPU convolutions (oneDNN/mkldnn) allocate workspaces the trace does not "
-                     "see; a real CPU run of a conv net peaks higher (see README)")
+        lines.append("CPU convolutions: ATen's own slow kernels' im2col columns are traced "
+                     "(small batches); oneDNN's scratch is not, so a real CPU run of a conv "
+                     "net on oneDNN can peak higher (docs/accuracy.md)")
     return lines
 
 
