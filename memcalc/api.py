@@ -16,7 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 from torch import nn
 
-from memcalc.process_defaults import caller_process_kept, default_start_method_kept
+from memcalc.process_defaults import (
+    caller_process_kept, default_start_method_kept, resource_tracker_kept)
 from memcalc.api_errors import argument_error
 from memcalc.errors import InputError, MemoryBudgetError, UntracedEstimateError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
@@ -124,7 +125,8 @@ def plan_spec(spec: TrainingSpec, cluster: ClusterSpec,
     ``workers``: processes making independent variants at once (None: one per core that
     nothing else keeps busy, ``memcalc.report_pool.workers_for``; 0: this process only),
     none for user code (``serial_reason``). The plan is the same either way."""
-    with default_start_method_kept(), ReportPool(workers_for(spec, workers)) as pool:
+    with (resource_tracker_kept(), default_start_method_kept(),
+          ReportPool(workers_for(spec, workers)) as pool):
         pool.start()    # the workers start up while this process traces the job as given
         return plan_strategies(spec, cluster, pipeline_estimator(on_variant, pool))
 

@@ -27,6 +27,7 @@ work again on being imported (no ``__main__`` guard).
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import math
 import os
@@ -228,6 +229,11 @@ class ReportPool:
         if executor is not None:
             with _sigint_held():
                 end(executor)
+            # its queues' semaphores are unlinked and unregistered from multiprocessing's
+            # resource tracker once collected: then the tracker can be stopped cleanly
+            del executor
+            self._started = None
+            gc.collect()
 
 
 @contextlib.contextmanager

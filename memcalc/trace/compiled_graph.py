@@ -53,6 +53,22 @@ class _FusingInterpreter(Interpreter):
         self.layout_copies = layout_copies
         self._copied: set = set()
 
+    def boxed_run(self, inputs: list):
+        """``Interpreter.boxed_run`` without its progress bar (a tqdm bar, even disabled,
+        starts a monitor thread that outlives the call): the inputs list cleared, every
+        value dropped after its last use."""
+        placeholders = [node for node in self.graph.nodes if node.op == "placeholder"]
+        self.env = dict(zip(placeholders, inputs))
+        inputs.clear()
+        for node in self.graph.nodes:
+            if node not in self.env:
+                self.env[node] = self.run_node(node)
+            for dead in self.user_to_last_uses.get(node, ()):
+                del self.env[dead]
+            if node.op == "output":
+                return self.env[node]
+        return None
+
     def run_node(self, node):
         if self.layout_copies and is_convolution_op(node.target):
             self._copy_inputs(node)
