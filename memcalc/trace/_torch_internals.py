@@ -737,9 +737,16 @@ def aot_joint_capture(module: nn.Module, flat_args: list, run_graph: Callable):
     returns the callable each graph runs as (boxed: it takes one list of inputs). Needs
     torch ≥ 2.1
     (``torch._functorch.aot_autograd.aot_module_simplified``)."""
+    import importlib
+
     from torch._functorch.aot_autograd import aot_module_simplified
     from torch._functorch.partitioners import min_cut_rematerialization_partition
     from torch._inductor.decomposition import select_decomp_table
+
+    # some decompositions read Inductor's lowerings (torch 2.14: 3D U-Nets' pooling), which
+    # Inductor has imported by the time it decomposes
+    with contextlib.suppress(ImportError):
+        importlib.import_module("torch._inductor.lowering")
 
     def compiler(graph_module, _example_inputs):
         run = run_graph(graph_module)
