@@ -30,3 +30,40 @@ def test_the_zero_worker_row_is_the_training_process_building_its_own_batches():
         STEP_S / (BATCH * measured.core_seconds_per_sample), rel=0.1)
     assert any("measured in the probe's own process" in line
                for line in report.throughput.assumptions)
+
+
+def _throughput(training: float, fresh: float):
+    from memcalc.feed.model import HeapStates, ThroughputReport, WorkerUtilization
+
+    states = HeapStates(num_workers=2, training_gpu_utilization=training,
+                        fresh_gpu_utilization=fresh, training_seconds_per_sample=0.003,
+                        fresh_seconds_per_sample=0.010)
+    return ThroughputReport(
+        step_time_s=STEP_S, step_time_source="given", batch_load_time_s=0.03,
+        batch_load_source="measured", workers_needed=3, num_workers=2,
+        expected_gpu_utilization=training, bound="cpu",
+        by_workers=[WorkerUtilization(num_workers=2, expected_gpu_utilization=training)],
+        advice=[], assumptions=[], heap_states=states)
+
+
+def test_heap_states_further_apart_than_ten_points_are_a_range_on_the_head():
+    from memcalc.render.feed import busy_text
+
+    assert busy_text(_throughput(0.82, 0.38)).startswith(
+        "38–82% depending on glibc's heap the workers inherit (82% as a training script")
+    assert busy_text(_throughput(0.82, 0.75)) == "82%"
+
+
+@pytest.mark.slow
+def test_a_worker_whose_speed_depends_on_the_heap_is_forecast_in_a_training_scripts():
+    spec = TrainingSpec(model="mlp", model_args={"in_features": 32, "hidden": 16, "depth": 1},
+                        sample_shape=(3, 32, 32), batch_size=BATCH,
+                        loader={"dataset": "tests.fixtures.data_kinds:volumes_3d",
+                                "probe_seconds": 3},
+                        feed={"step_time_s": STEP_S}, machine={"cpus": 2, "ram_bytes": 16 << 30})
+    throughput = estimate(spec).throughput
+    states = throughput.heap_states
+    assert states is not None, throughput.assumptions
+    assert states.training_seconds_per_sample < states.fresh_seconds_per_sample
+    assert throughput.expected_gpu_utilization == states.training_gpu_utilization
+    assert any("depends on glibc's heap they inherit" in line for line in throughput.assumptions)

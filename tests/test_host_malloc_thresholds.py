@@ -91,3 +91,18 @@ def test_a_worker_mapping_40_mib_afresh_per_sample_is_advised_both_thresholds():
     assert again.worker_peak_bytes < 2 * again.batch_bytes + temporaries
     env = " ".join(f"{key}={value}" for key, value in fix.env.items())
     assert env in throughput.advice[0]
+
+
+@pytest.mark.slow
+@glibc
+def test_a_worker_forked_from_a_training_scripts_heap_reuses_what_a_fresh_one_maps_afresh():
+    # 3D volumes filtered through several 6 MiB temporaries at once: a fresh worker's heap
+    # grows past its trim threshold for each sample and is handed back
+    from memcalc.host import LoaderSpec, measure_worker
+
+    loader = LoaderSpec(dataset="tests.fixtures.data_kinds:volumes_3d", probe_seconds=3)
+    fresh = measure_worker(loader, BATCH)
+    trained = measure_worker(loader, BATCH, parent_heap="training")
+    assert (fresh.parent_heap, trained.parent_heap) == ("fresh", "training")
+    assert churns(fresh) and not churns(trained)
+    assert trained.feeding_seconds_per_sample < fresh.feeding_seconds_per_sample

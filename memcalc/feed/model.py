@@ -74,6 +74,42 @@ class WorkerUtilization(BaseModel):
     expected_gpu_utilization: float
 
 
+HEAP_RANGE_POINTS = 10
+"""Heap states whose forecasts differ by more than this many points of GPU-busy share are
+shown as a range on the feeding head."""
+
+
+class HeapStates(BaseModel):
+    """A worker that hands its temporaries back to the kernel is as fast as glibc's heap it
+    inherits from the training process lets it be (``memcalc.host.probe``): measured in both
+    states, forecast at the recommended ``num_workers``. The table is the training state's
+    (the likely one)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    num_workers: int
+    training_gpu_utilization: float
+    """Workers forked from a heap as a training script leaves it (its mmap threshold raised)."""
+    fresh_gpu_utilization: float
+    """Workers forked from a fresh interpreter's heap (a script that starts its loader
+    first)."""
+    training_seconds_per_sample: float
+    fresh_seconds_per_sample: float
+    fixed_gpu_utilization: float | None = None
+    """With glibc's two thresholds set in the job's environment (``ThroughputReport.malloc_fix``),
+    where advised: the same in every heap state."""
+
+    @property
+    def spread_points(self) -> float:
+        return 100 * abs(self.training_gpu_utilization - self.fresh_gpu_utilization)
+
+    @property
+    def range_text(self) -> str:
+        """``38–82 %`` (lower first)."""
+        low, high = sorted((self.fresh_gpu_utilization, self.training_gpu_utilization))
+        return f"{low:.0%}–{high:.0%}".replace("%–", "–")
+
+
 class ThroughputReport(BaseModel):
     """JSON field ``throughput``."""
 
@@ -98,6 +134,9 @@ class ThroughputReport(BaseModel):
     malloc_fix: MallocFix | None = None
     """The worker measured again with glibc's malloc thresholds fixed, where that made it
     faster (``memcalc.host.malloc_thresholds``; in the advice, not in the table)."""
+    heap_states: HeapStates | None = None
+    """Where the worker's speed depends on the heap it inherits: both states' forecasts (the
+    table and ``expected_gpu_utilization`` are the training state's)."""
 
 
 SLOW_HANDOVER_S = 0.002

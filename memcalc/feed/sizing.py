@@ -8,13 +8,15 @@ from dataclasses import dataclass, replace
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.speed import compute_seconds, peak_flops
-from memcalc.feed.model import ThroughputReport, feeding_report
+from memcalc.feed.model import HeapStates, ThroughputReport, feeding_report
 from memcalc.host import HostSpec, WorkerMeasurement, detect_machine, host_estimate
-from memcalc.host.malloc_thresholds import declined, malloc_advice, malloc_fix
-from memcalc.host.measure import Progress, measured_host_estimate, with_measured_sample
+from memcalc.host.malloc_thresholds import churns, declined, malloc_advice, malloc_fix
+from memcalc.host.measure import (
+    Progress, measure_worker, measured_host_estimate, with_measured_sample)
 from memcalc.host.report import HostReport
 from memcalc.host.workers import worker_capacity
 from memcalc.specs import DeviceKind, TrainingSpec
+from memcalc.units import counted
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ def host_and_throughput(inputs: HostInputs, progress: Progress | None = None
         host_spec = with_measured_sample(host_spec, measurement)
     throughput = _throughput(inputs, host_spec)
     if throughput is not None and measurement is not None:
-        throughput = _with_malloc_fix(inputs, host_spec, throughput, progress)
+        throughput, trained = _in_a_training_heap(inputs, host_spec, throughput, progress)
+        throughput = _with_malloc_fix(inputs, host_spec, throughput, progress, trained)
     if throughput is not None:
         host_spec = host_spec.model_copy(update={"workers_needed": throughput.num_workers})
     host = (measured_host_estimate(host_spec, measurement, progress) if measurement
@@ -51,8 +54,40 @@ def host_and_throughput(inputs: HostInputs, progress: Progress | None = None
     return host, throughput
 
 
+def _in_a_training_heap(inputs: HostInputs, host_spec: HostSpec, fresh: ThroughputReport,
+                        progress: Progress | None
+                        ) -> tuple[ThroughputReport, WorkerMeasurement | None]:
+    """Where the probe's worker (forked from a fresh interpreter) maps its temporaries afresh
+    for every batch, the probe again forked from a heap as a training script leaves it
+    (``host.probe``): that forecast is the table, the recommendation and the head, with the
+    fresh one beside it (``HeapStates``); the training state's measurement with it."""
+    measured = inputs.measurement
+    if not churns(measured):
+        return fresh, None
+    trained = measure_worker(host_spec.loader, measured.batch_size, progress=progress,
+                             parent_heap="training")
+    likely = _throughput(replace(inputs, measurement=trained), host_spec)
+    rows = {row.num_workers: row.expected_gpu_utilization for row in fresh.by_workers}
+    states = HeapStates(
+        num_workers=likely.num_workers,
+        training_gpu_utilization=likely.expected_gpu_utilization,
+        fresh_gpu_utilization=rows.get(likely.num_workers, fresh.expected_gpu_utilization),
+        training_seconds_per_sample=trained.feeding_seconds_per_sample,
+        fresh_seconds_per_sample=measured.feeding_seconds_per_sample)
+    line = (f"the workers' speed depends on glibc's heap they inherit: forked from a heap as "
+            f"a training script leaves it (a freed block raised its mmap threshold) a worker "
+            f"built a sample in {trained.feeding_seconds_per_sample * 1e3:.3g} ms, from a fresh "
+            f"interpreter's in {measured.feeding_seconds_per_sample * 1e3:.3g} ms: GPU busy "
+            f"{states.training_gpu_utilization:.0%} or {states.fresh_gpu_utilization:.0%} at "
+            f"{counted(likely.num_workers, 'worker')}; the table is the first (a script that "
+            "starts its DataLoader before anything large was freed is the second)")
+    return likely.model_copy(update={"heap_states": states,
+                                     "assumptions": likely.assumptions + [line]}), trained
+
+
 def _with_malloc_fix(inputs: HostInputs, host_spec: HostSpec, throughput: ThroughputReport,
-                     progress: Progress | None) -> ThroughputReport:
+                     progress: Progress | None, trained: WorkerMeasurement | None = None
+                     ) -> ThroughputReport:
     """Where the worker maps its temporaries afresh for every batch, the probe again with
     glibc's thresholds fixed (``host.malloc_thresholds``): advice with both measurements where that
     is worth it, an assumption line saying why where it is not. The table stays as measured."""
@@ -60,16 +95,19 @@ def _with_malloc_fix(inputs: HostInputs, host_spec: HostSpec, throughput: Throug
     fix = malloc_fix(host_spec.loader, measured, progress)
     if fix is None:
         return throughput
-    reason = declined(fix, measured)
+    reason = declined(fix, measured, trained)
     if reason:
         return throughput.model_copy(update={"assumptions": throughput.assumptions + [reason]})
     fixed = _throughput(replace(inputs, measurement=fix.measurement), host_spec)
     workers = throughput.num_workers
     rows = {row.num_workers: row.expected_gpu_utilization for row in fixed.by_workers}
+    at_workers = rows.get(workers, fixed.expected_gpu_utilization)
     advice = malloc_advice(fix, measured, workers, throughput.expected_gpu_utilization,
-                           rows.get(workers, fixed.expected_gpu_utilization))
-    return throughput.model_copy(update={"malloc_fix": fix,
-                                         "advice": [advice] + throughput.advice})
+                           at_workers, trained)
+    states = throughput.heap_states
+    return throughput.model_copy(update={
+        "malloc_fix": fix, "advice": [advice] + throughput.advice,
+        "heap_states": states and states.model_copy(update={"fixed_gpu_utilization": at_workers})})
 
 
 def _host_spec(inputs: HostInputs) -> HostSpec:

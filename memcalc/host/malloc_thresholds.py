@@ -70,17 +70,20 @@ def malloc_fix(loader: LoaderSpec, measured: WorkerMeasurement,
     return MallocFix(env=env, measurement=again)
 
 
-def declined(fix: MallocFix, measured: WorkerMeasurement) -> str | None:
+def declined(fix: MallocFix, measured: WorkerMeasurement,
+             against: WorkerMeasurement | None = None) -> str | None:
     """Why the fixed thresholds are not advised (the assumption line), or None where they
-    made the worker at least MIN_GAIN faster without raising its peak beyond PEAK_SLACK."""
+    made the worker at least MIN_GAIN faster than ``against`` (the forecast's own
+    measurement; ``measured``, the churning one, by default) without raising its peak
+    beyond PEAK_SLACK."""
     env = " and ".join(fix.env)
-    again = fix.measurement
+    again, against = fix.measurement, against or measured
     times = (f"with {env} fixed it built a sample in "
              f"{again.feeding_seconds_per_sample * 1e3:.3g} ms against "
-             f"{measured.feeding_seconds_per_sample * 1e3:.3g} ms")
+             f"{against.feeding_seconds_per_sample * 1e3:.3g} ms")
     fresh = (f"the worker mapped {format_bytes(int(measured.fault_bytes_per_batch))} afresh per "
              f"batch of {measured.batch_size}; ")
-    if again.feeding_seconds_per_sample > (1 - MIN_GAIN) * measured.feeding_seconds_per_sample:
+    if again.feeding_seconds_per_sample > (1 - MIN_GAIN) * against.feeding_seconds_per_sample:
         return f"{fresh}{times}, no faster"
     # the heap now keeps one sample's temporary instead of handing it back: that much is the
     # expected price, not fragmentation (the measured peak may or may not have caught it)
@@ -94,17 +97,18 @@ def declined(fix: MallocFix, measured: WorkerMeasurement) -> str | None:
 
 
 def malloc_advice(fix: MallocFix, measured: WorkerMeasurement, workers: int,
-                  as_is: float, fixed: float) -> str:
-    """The advice line: the env to set, and what it changed in the measured worker and in
-    the GPU-busy share at ``workers`` (``as_is`` without it, ``fixed`` with it)."""
+                  as_is: float, fixed: float, against: WorkerMeasurement | None = None) -> str:
+    """The advice line: the env to set, and what it changed against the forecast's worker
+    (``against``; ``measured`` by default) and in the GPU-busy share at ``workers``
+    (``as_is`` without it, ``fixed`` with it)."""
+    against = against or measured
     return (f"the workers map {format_bytes(int(measured.fault_bytes_per_batch))} afresh per "
             f"batch of {measured.batch_size} ({format_bytes(measured.batch_bytes)} of batch): "
             "glibc hands their temporaries back to the kernel, and what that costs depends on "
-            "what the training process allocated before starting them (the table is one "
-            "draw). With "
+            "what the training process allocated before starting them. With "
             f"`{env_text(fix.env)}` in the job's environment a worker built a sample in "
             f"{fix.measurement.feeding_seconds_per_sample * 1e3:.3g} ms against "
-            f"{measured.feeding_seconds_per_sample * 1e3:.3g} ms (peak "
+            f"{against.feeding_seconds_per_sample * 1e3:.3g} ms (peak "
             f"{format_bytes(fix.measurement.worker_peak_bytes)} against "
             f"{format_bytes(measured.worker_peak_bytes)}): GPU busy {fixed:.0%} instead of "
             f"{as_is:.0%} at {workers} workers. Set both: the trim threshold alone pins the "

@@ -45,13 +45,17 @@ class MeasurementError(UserCodeError):
 
 
 def measure_worker(loader: LoaderSpec, batch_size: int, env: dict[str, str] | None = None,
-                   progress: Progress | None = None) -> WorkerMeasurement:
-    """Start ``memcalc.host.probe`` in a fresh interpreter and read its events."""
+                   progress: Progress | None = None, parent_heap: str = "fresh"
+                   ) -> WorkerMeasurement:
+    """Start ``memcalc.host.probe`` in a fresh interpreter and read its events; its heap
+    ``fresh`` (as the interpreter starts) or ``training`` (as a training script leaves it
+    when it starts its workers: ``probe.TRAINING_HEAP_BLOCK_BYTES``)."""
     if loader.dataset is None:
         raise InputError("no --dataset given to measure")
     config = {"dataset": loader.dataset, "batch_size": batch_size,
               "prefetch_factor": loader.prefetch_factor, "input_key": loader.input_key,
-              "start_method": loader.start_method.value, "seconds": loader.probe_seconds}
+              "start_method": loader.start_method.value, "seconds": loader.probe_seconds,
+              "parent_heap": parent_heap}
     with tempfile.TemporaryFile() as output:
         process, read_fd = start_child("memcalc.host.probe", config, output, env)
         try:

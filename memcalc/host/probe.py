@@ -50,6 +50,11 @@ MAIN_BUILD_BATCHES = 6
 HANDOVER_BUDGET_S (else not timed): the 0-worker prediction, since a batch built in the
 training process's own memory often costs less than a worker's, which writes it into fresh
 shared memory (13.5 against 19.5 ms for the slice stacks of ``benchmarks/results-feed.md``)."""
+TRAINING_HEAP_BLOCK_BYTES = (32 << 20) - (64 << 10)
+"""A block freed just under glibc's largest dynamic mmap threshold (32 MiB on 64-bit,
+``DEFAULT_MMAP_THRESHOLD_MAX``): a training script has freed blocks that size before it
+starts its workers (a model's CPU copies moved to the GPU, a step's temporaries), which
+raised its mmap threshold to them; the workers it forks inherit that."""
 
 
 
@@ -185,7 +190,16 @@ def _plateaued(series: list[int]) -> bool:
                for newer, older in itertools.pairwise(windows))
 
 
+def _heap_as_a_training_script_leaves_it() -> None:
+    """glibc's mmap and trim thresholds where a training script's are when it starts its
+    workers: a block just under the cap mapped and freed raises them to it."""
+    block = torch.empty(TRAINING_HEAP_BLOCK_BYTES, dtype=torch.uint8)
+    del block
+
+
 def probe(config: dict[str, Any]) -> dict[str, Any]:
+    if config.get("parent_heap") == "training":
+        _heap_as_a_training_script_leaves_it()
     pid = os.getpid()
     before = process_memory(pid).pss_private_bytes
     dataset = load_dataset(config["dataset"])
@@ -249,6 +263,7 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         "stopped_by": stopped_by, **main_times,
         "fault_bytes_per_batch": None if fresh is None else fresh / (len(timed) - 1),
         "malloc_env": {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")},
+        "parent_heap": config.get("parent_heap", "fresh"),
     }
 
 

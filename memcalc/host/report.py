@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, computed_field
 
 from memcalc.host.arithmetic import HostTerm
@@ -62,6 +64,10 @@ class WorkerMeasurement(BaseModel):
     batch's own bytes (written into shared memory) where the worker reuses its temporaries;
     far above where its allocator hands them back to the kernel (``host.malloc_thresholds``)."""
     malloc_env: dict[str, str]
+    parent_heap: Literal["fresh", "training"] = "fresh"
+    """The probe's heap when it started its worker: ``fresh`` as an interpreter starts,
+    ``training`` as a training script leaves it (glibc's mmap threshold raised to its cap
+    by a freed block, ``memcalc.host.probe``); forked workers inherit it."""
 
     @property
     def feeding_seconds_per_sample(self) -> float:

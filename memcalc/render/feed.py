@@ -7,7 +7,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.feed.check import FeedCheck
-from memcalc.feed.model import ThroughputReport
+from memcalc.feed.model import HEAP_RANGE_POINTS, ThroughputReport
+from memcalc.host.report import env_text
 from memcalc.render.helpers import bullets
 from memcalc.units import counted
 
@@ -18,7 +19,7 @@ def throughput_renderable(throughput: ThroughputReport) -> Group:
                "io": "[bold red]I/O-bound[/]",
                "main": "[bold red]bound by taking batches[/]"}[throughput.bound]
     head = (f"[bold]feeding: {verdict}[/] at num_workers={throughput.num_workers}: GPU busy "
-            f"{throughput.expected_gpu_utilization:.0%}\n"
+            f"{busy_text(throughput)}\n"
             f"step {throughput.step_time_s * 1e3:.3g} ms ({throughput.step_time_source}); "
             f"one worker builds a batch in {throughput.batch_load_time_s * 1e3:.3g} ms "
             f"({throughput.batch_load_source}); {counted(throughput.workers_needed, 'worker')} needed")
@@ -29,6 +30,20 @@ def throughput_renderable(throughput: ThroughputReport) -> Group:
     if throughput.advice:
         parts.append(bullets("What helps", throughput.advice))
     return Group(*parts)
+
+
+def busy_text(throughput: ThroughputReport) -> str:
+    """The GPU-busy share at the recommended workers; a range where the heap state the
+    workers inherit moves it by more than ``HEAP_RANGE_POINTS``."""
+    busy, states = f"{throughput.expected_gpu_utilization:.0%}", throughput.heap_states
+    if states is None or states.spread_points <= HEAP_RANGE_POINTS:
+        return busy
+    fixed = ("" if states.fixed_gpu_utilization is None else
+             f"; with `{env_text(throughput.malloc_fix.env)}` it is "
+             f"{states.fixed_gpu_utilization:.0%}")
+    return (f"{states.range_text} depending on glibc's heap the workers inherit ({busy} "
+            f"as a training script leaves it, {states.fresh_gpu_utilization:.0%} from a fresh "
+            f"process{fixed})")
 
 
 def feed_renderable(check: FeedCheck) -> Group:

@@ -7,6 +7,7 @@ from html import escape
 
 from rich.text import Text
 
+from memcalc.render.feed import busy_text
 from memcalc.render.validation import validation_lines
 from memcalc.render.verdict import verdict_line
 from memcalc.report.models import Report
@@ -51,7 +52,7 @@ def report_html(report: Report) -> str:
     if report.throughput is not None:
         t = report.throughput
         parts.append(f"<p>feeding: <b>{escape(t.bound)}-bound</b>, GPU busy "
-                     f"{t.expected_gpu_utilization:.0%} with {counted(t.num_workers, 'worker')}</p>")
+                     f"{escape(busy_text(t))} with {counted(t.num_workers, 'worker')}</p>")
     lines = validation_lines(report)
     if lines:
         parts.append("<p><b>validation</b>: " + "<br>".join(
