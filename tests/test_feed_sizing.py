@@ -11,14 +11,16 @@ BATCH = 4
 STEP_S = 0.02
 
 
+def _spec(dataset: str, probe_seconds: float) -> TrainingSpec:
+    return TrainingSpec(model="mlp", model_args={"in_features": 32, "hidden": 16, "depth": 1},
+                        sample_shape=(3, 32, 32), batch_size=BATCH,
+                        loader={"dataset": dataset, "probe_seconds": probe_seconds},
+                        feed={"step_time_s": STEP_S}, machine={"cpus": 2, "ram_bytes": 16 << 30})
+
+
 def test_the_zero_worker_row_is_the_training_process_building_its_own_batches():
     # samples cost SPIN_SECONDS of CPU in the training process, twice that in a worker
-    spec = TrainingSpec(model="mlp", model_args={"in_features": 32, "hidden": 16, "depth": 1},
-                        sample_shape=(3, 32, 32), batch_size=BATCH,
-                        loader={"dataset": "tests.fixtures.host_datasets:costlier_in_workers",
-                                "probe_seconds": 2},
-                        feed={"step_time_s": STEP_S}, machine={"cpus": 2, "ram_bytes": 16 << 30})
-    report = estimate(spec)
+    report = estimate(_spec("tests.fixtures.host_datasets:costlier_in_workers", 2))
     measured, rows = report.host.measurement, report.throughput.by_workers
     # with a core to itself, whatever else the machine runs
     assert measured.main_build_seconds == pytest.approx(BATCH * SPIN_SECONDS, rel=0.3)
@@ -56,12 +58,7 @@ def test_heap_states_further_apart_than_ten_points_are_a_range_on_the_head():
 
 @pytest.mark.slow
 def test_a_worker_whose_speed_depends_on_the_heap_is_forecast_in_a_training_scripts():
-    spec = TrainingSpec(model="mlp", model_args={"in_features": 32, "hidden": 16, "depth": 1},
-                        sample_shape=(3, 32, 32), batch_size=BATCH,
-                        loader={"dataset": "tests.fixtures.data_kinds:volumes_3d",
-                                "probe_seconds": 3},
-                        feed={"step_time_s": STEP_S}, machine={"cpus": 2, "ram_bytes": 16 << 30})
-    throughput = estimate(spec).throughput
+    throughput = estimate(_spec("tests.fixtures.data_kinds:volumes_3d", 3)).throughput
     states = throughput.heap_states
     assert states is not None, throughput.assumptions
     assert states.training_seconds_per_sample < states.fresh_seconds_per_sample
