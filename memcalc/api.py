@@ -38,7 +38,7 @@ FIXES_SHOWN = 3
 
 
 _OWN_PARAMETERS = ("model", "sample_shape", "batch_size", "isolate", "timeout_s", "gpus",
-                   "nodes", "global_batch", "max_gpus", "num_workers")
+                   "nodes", "global_batch", "max_gpus", "compile_levers", "num_workers")
 
 
 def training_spec(name: str, sample_shape: tuple[int, ...] | None = None,
@@ -91,7 +91,7 @@ def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
 
 def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: str,
          gpus: int = 1, nodes: int = 1, global_batch: int | None = None, max_gpus: int = 512,
-         **options: Any) -> StrategyPlan:
+         compile_levers: bool = False, **options: Any) -> StrategyPlan:
     """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP, pipelines,
     spatial parallelism...) with its peak per GPU, batch and speed, ranked.
 
@@ -103,6 +103,7 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
         nodes: nodes of the job.
         global_batch: the global batch the job needs, when it has one.
         max_gpus: the most GPUs one may ask for.
+        compile_levers: also trace torch.compile as a lever (a slower plan).
         **options: ``TrainingSpec`` fields, as for ``estimate``.
 
     Returns:
@@ -110,7 +111,7 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
     """
     try:
         cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
-                              max_gpus=max_gpus)
+                              max_gpus=max_gpus, compile_levers=compile_levers)
     except ValidationError as error:
         raise argument_error(error, (ClusterSpec,)) from None
     with caller_process_kept(), model_reference(model) as name:

@@ -138,3 +138,35 @@ def test_the_planner_imports_neither_the_pipeline_nor_the_report_models():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert loaded == "[]"
+
+
+def _tiny_job(width: int = 64, hidden: int = 256, **fields) -> TrainingSpec:
+    return TrainingSpec(model="mlp", model_args={"in_features": width, "hidden": hidden,
+                                                 "depth": 2},
+                        sample_shape=(width,), gpu="T4", machine=MACHINE, **fields)
+
+
+def test_compile_is_a_lever_only_when_asked_and_then_traced():
+    labels = {c.label for c in plan_spec(_tiny_job(), ClusterSpec(max_gpus=1)).candidates}
+    assert "compile" not in labels
+    plan = plan_spec(_tiny_job(), ClusterSpec(max_gpus=1, compile_levers=True))
+    compiled = by_label(plan, "compile")
+    assert compiled.method == "traced" and by_label(plan, "mixed-precision+compile")
+    assert any(note.startswith("compiled: memory as AOTAutograd's partition")
+               for note in compiled.notes)
+
+
+def test_a_compiled_job_names_the_levers_it_is_not_traced_with():
+    plan = plan_spec(_tiny_job(compile=True), ClusterSpec(max_gpus=1))
+    assert ("mixed-precision+offload not traced: --compile with --offload-activations is not "
+            "traced together yet: leave one out") in plan.assumptions
+    assert by_label(plan, "baseline").method == "traced"
+
+
+def test_compile_is_not_traced_where_the_model_states_alone_exceed_the_gpu():
+    # 8.4 M parameters with Adam: 134 MB of states on a 64 MiB "GPU"
+    spec = _tiny_job(1024, 4096, gpu_memory_bytes=64 << 20)
+    plan = plan_spec(spec, ClusterSpec(max_gpus=1, compile_levers=True))
+    assert not any(c.label.endswith("compile") for c in plan.candidates)
+    assert any(line.startswith("compile not traced: the model states alone need")
+               for line in plan.assumptions)

@@ -155,6 +155,9 @@ def check(ctx, as_json, **options) -> None:
               default=512, show_default=True,
               help="With one GPU given: how many GPUs a strategy may ask for (1: this GPU only).")
 @click.option("--strategy", "forced", type=enum_choice(Strategy), help="Recommend this strategy.")
+@click.option("--compile-levers", is_flag=True,
+              help="Also trace torch.compile as a lever (compile, mixed-precision+compile); "
+                   "slower: each of their traces captures the graphs again.")
 @click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
               help="Print only the launch file for the recommended strategy.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
@@ -165,7 +168,7 @@ def check(ctx, as_json, **options) -> None:
 @timeout_option
 @click.pass_context
 def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
-         emit, as_json, wide, **options) -> None:
+         compile_levers, emit, as_json, wide, **options) -> None:
     """Which strategy to use: each traced or derived, ranked, with launch files. Exits 1 when
     nothing fits, 3 when the plan rests on a static count (the step could not be traced)."""
     from memcalc.api import plan_spec
@@ -179,7 +182,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
         cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, global_batch=global_batch,
                               interconnect=interconnect, mfu=spec.feed.mfu,
                               gradient_as_bucket_view=bucket_view, strategy=forced,
-                              max_gpus=max_gpus)
+                              max_gpus=max_gpus, compile_levers=compile_levers)
         with variant_progress() as on_variant:
             result = plan_spec(spec, cluster, on_variant)
         static = result.reason.startswith(STATIC_PLAN)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from memcalc.device.gpus import GpuSpec, find_gpu
 from memcalc.errors import InputError
 from memcalc.specs import DeviceKind, StepPhase, TrainingSpec
@@ -54,7 +56,8 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
                          "`memcalc check`")
     gpu = find_gpu(spec.gpu)
     model = estimator.model(spec)
-    variants, not_traced = traced_variants(spec, _variant_context(spec, gpu, model), estimator)
+    variants, not_traced = traced_variants(spec, _variant_context(spec, gpu, model, cluster),
+                                           estimator)
     baseline = next(v for v in variants if v.rule.as_given)
     candidates = [single_gpu_candidate(v, cluster, gpu) for v in variants]
     leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
@@ -88,18 +91,27 @@ def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: Vari
     """Every traced rule that applies to ``spec``, traced, in registration order, and why a
     rule was not traced. The job as given is traced first, the rules that do not add to it
     asked for ahead meanwhile; a rule that only adds to it is left out when one sample of the
-    job does not fit."""
-    applying = [(rule, rule.variant(spec, context)) for rule in traced_rules()]
+    job does not fit, one that keeps the model states whole when they alone exceed the GPU."""
+    applying, clashes = [], []
+    for rule in traced_rules():
+        try:
+            applying.append((rule, rule.variant(spec, context)))
+        except ValidationError as error:   # the job's options and the rule's do not go together
+            why = error.errors()[0]["msg"].removeprefix("Value error, ")
+            clashes.append(f"{rule.strategy.value} not traced: {why}")
     applying = [(rule, variant_spec) for rule, variant_spec in applying if variant_spec]
     given_rule, given_spec = next((rule, v) for rule, v in applying if rule.as_given)
     # asked for whatever the job as given shows: ahead of it, while it is traced here
     estimator.prefetch([planned_spec(given_spec)] + [
         planned_spec(variant_spec) for rule, variant_spec in applying
-        if not rule.as_given and not rule.adds_to_the_job])
+        if not (rule.as_given or rule.adds_to_the_job or rule.keeps_the_states)])
     given = traced_variant(given_rule, given_spec, estimator)
     plan = given.report.device.plan
     left_out = [rule for rule, _ in applying if rule.adds_to_the_job and plan.max_batch_size == 0]
-    applying = [(rule, variant_spec) for rule, variant_spec in applying if rule not in left_out]
+    states = given.report.static.model_state_bytes
+    too_big = [rule for rule, _ in applying if rule.keeps_the_states and states > plan.usable_bytes]
+    applying = [(rule, variant_spec) for rule, variant_spec in applying
+                if rule not in left_out + too_big]
     estimator.prefetch([planned_spec(variant_spec) for rule, variant_spec in applying
                         if not rule.as_given])
     variants = [given if rule.as_given else traced_variant(rule, variant_spec, estimator)
@@ -108,16 +120,23 @@ def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: Vari
     notes = [f"{rule.strategy.value} not traced: one sample of the job as given needs "
              f"{format_bytes(needs)} ({format_bytes(usable)} usable), and its step holds "
              "all of that and more" for rule in left_out]
-    return variants, notes
+    notes += [f"{rule.strategy.value} not traced: the model states alone need "
+              f"{format_bytes(states)} ({format_bytes(plan.usable_bytes)} usable) and it keeps "
+              "them whole" for rule in too_big]
+    return variants, clashes + notes
 
 
 def largest_fitting_sample(variant: TracedVariant, usable: int,
                            estimator: VariantEstimator) -> tuple[int, ...] | None:
-    """When nothing fits: the largest sample, every non-channel axis scaled by one factor
-    (multiples of 16 from 32 on), whose batch of one fits with ``variant`` (traced)."""
+    """When nothing fits: the largest sample, every non-channel (non-feature) axis scaled by
+    one factor (multiples of 16 from 32 on), whose batch of one fits with ``variant``
+    (traced); None where the sample has no other axis."""
     spec, report = variant.spec, variant.report
     shape = spec.sample_shape or tuple(report.input.traced_batch_shape[1:])
-    channel_axis = {"channels-last": len(shape) - 1, "channels-first": 0}.get(report.input.layout)
+    channel_axis = {"channels-last": len(shape) - 1, "channels-first": 0,
+                    "features-last": len(shape) - 1}.get(report.input.layout)
+    if channel_axis is not None and len(shape) == 1:
+        return None         # a feature vector: its size is the model's, nothing to scale
 
     def scaled(factor: float) -> tuple[int, ...]:
         return tuple(dim if axis == channel_axis else _round_dim(dim * factor)
@@ -143,10 +162,12 @@ def _round_dim(value: float) -> int:
     return max(16, int(value) // 16 * 16) if value >= 32 else max(1, int(value))
 
 
-def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module) -> VariantContext:
+def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module,
+                     cluster: ClusterSpec) -> VariantContext:
     # a job already in mixed precision keeps its own autocast in every mixed variant
     mixed = spec.precision if spec.precision in MIXED_PRECISIONS else mixed_precision_for(gpu)
-    return VariantContext(mixed_precision=mixed, has_blocks=bool(repeated_blocks(model)))
+    return VariantContext(mixed_precision=mixed, has_blocks=bool(repeated_blocks(model)),
+                          compile_levers=cluster.compile_levers)
 
 
 def _derived_candidates(variants: list[TracedVariant], unit_fraction: float,
@@ -272,4 +293,8 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
         f"when one GPU is given, distributed strategies are sized to the fewest GPUs (powers of "
         f"two up to {cluster.max_gpus}) that fit; 8 GPUs per node beyond one node",
         spatial,
+        *([] if cluster.compile_levers else [
+            "torch.compile not weighed as a lever: --compile-levers traces compile and "
+            "mixed-precision+compile (each of their traces captures the graphs again: a plan "
+            "several times slower)"]),
     ]

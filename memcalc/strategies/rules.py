@@ -48,6 +48,8 @@ class VariantContext:
     """The autocast the mixed-precision variants use (the job's own when it is mixed)."""
     has_blocks: bool
     """The model has repeated blocks that checkpointing can wrap."""
+    compile_levers: bool = False
+    """The compile variants are asked for (``ClusterSpec.compile_levers``)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class TracedRule:
     adds_to_the_job: bool = False
     """Its step holds everything the job's does at the same batch, and more: when one
     sample of the job does not fit, it cannot, and the planner does not trace it."""
+    keeps_the_states: bool = False
+    """A single-GPU lever that holds the job's model states whole (no distributed candidate
+    is derived from it): where they alone exceed the GPU, the planner does not trace it."""
 
 
 Sizer = Callable[["DerivedRule", "TracedVariant", ModelStates, "PlanContext"], Sized]
@@ -178,7 +183,7 @@ def _compiled(precision: bool) -> Callable[[TrainingSpec, VariantContext], Train
     already, nor beside what is not traced compiled yet (checkpointing, offloading, a
     distributed strategy, a spatial split)."""
     def variant(spec: TrainingSpec, context: VariantContext) -> TrainingSpec | None:
-        if spec.compile or spec.not_traced_with_compile:
+        if not context.compile_levers or spec.compile or spec.not_traced_with_compile:
             return None
         if precision and spec.precision in MIXED_PRECISIONS:
             return None
@@ -279,8 +284,10 @@ register(TracedRule(Strategy.MIXED_PRECISION, _mixed))
 register(TracedRule(Strategy.CHECKPOINTING, _checkpointed(precision=False)))
 register(TracedRule(Strategy.MIXED_PRECISION_CHECKPOINTING, _checkpointed(precision=True)))
 register(TracedRule(Strategy.MIXED_PRECISION_OFFLOAD, _mixed_offloaded))
-register(TracedRule(Strategy.COMPILE, _compiled(precision=False), base=False))
-register(TracedRule(Strategy.MIXED_PRECISION_COMPILE, _compiled(precision=True), base=False))
+register(TracedRule(Strategy.COMPILE, _compiled(precision=False), base=False,
+                    keeps_the_states=True))
+register(TracedRule(Strategy.MIXED_PRECISION_COMPILE, _compiled(precision=True), base=False,
+                    keeps_the_states=True))
 register(TracedRule(Strategy.ACCUMULATION, _gradients_kept, base=False, keeps_gradients=True,
                     adds_to_the_job=True))
 register(DerivedRule(Strategy.DDP, _ddp, _gradient_all_reduce, more_gpus_fit=False))

@@ -71,6 +71,9 @@ class ClusterSpec(BaseModel):
     """Force one strategy to be recommended (it is still evaluated and may not fit)."""
     max_gpus: int = Field(default=512, ge=1, le=MAX_GPUS_PER_NODE * MAX_NODES)
     """How far the planner looks for GPUs when nothing fits on the ones given."""
+    compile_levers: bool = False
+    """Also trace ``torch.compile`` as a lever (compile, mixed-precision+compile): every trace
+    of theirs captures the graphs again, which makes a plan several times slower."""
 
     @property
     def gpus(self) -> int:
