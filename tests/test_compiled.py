@@ -164,3 +164,13 @@ def test_a_compiled_step_that_cannot_be_traced_is_traced_eager_and_says_why(monk
     assert fallback.startswith("(step): ") and "an op memcalc cannot run compiled" in fallback
     assert report.device.peak_bytes == _estimate(_net).device.peak_bytes
     assert any(line.startswith("WARNING: torch.compile: (step)") for line in report.assumptions)
+
+
+def test_an_in_place_write_takes_the_out_overload_of_the_same_argument_types():
+    from memcalc.trace._torch_internals import out_variant
+
+    aten = torch.ops.aten
+    assert out_variant(aten.pow.Tensor_Scalar) == (aten.pow.Tensor_Scalar_out, "out")
+    assert out_variant(aten.fmod.Scalar) == (aten.fmod.Scalar_out, "out")
+    assert out_variant(aten.gelu_backward.default) == (aten.gelu_backward.grad_input,
+                                                      "grad_input")

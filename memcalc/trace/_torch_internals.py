@@ -787,13 +787,15 @@ def out_variant(target) -> tuple[Callable, str] | None:
     → ``gelu_backward.grad_input``) and the name of its one out argument; None where none."""
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    names = [argument.name for argument in target._schema.arguments]
+    signature = [(argument.name, str(argument.type)) for argument in target._schema.arguments]
     packet = target.overloadpacket
     for overload in packet.overloads():
         candidate = getattr(packet, overload)
         arguments = candidate._schema.arguments
         outs = [argument.name for argument in arguments if argument.is_out]
-        if len(outs) == 1 and [a.name for a in arguments if not a.is_out] == names:
+        # the same arguments of the same types (pow.Tensor_Scalar is not pow.Tensor_Tensor_out)
+        if len(outs) == 1 and [(a.name, str(a.type)) for a in arguments
+                               if not a.is_out] == signature:
             return candidate, outs[0]
     return None
 
