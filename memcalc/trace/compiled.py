@@ -35,16 +35,16 @@ def eager_model(model: nn.Module, original: nn.Module | None = None) -> nn.Modul
 
 
 class CompiledRegion(nn.Module):
-    """``module`` as ``torch.compile`` runs it in training: at its first call (under the
-    step's grad mode and autocast) AOTAutograd captures the joint graph on the fake inputs,
-    with the trace's watcher paused, and the partitioner splits it; every call then runs
-    the forward graph, whose saved tensors the backward graph consumes, each graph run as
-    ``memcalc.trace.compiled_graph`` allocates it. A module that cannot be captured whole (a graph
-    break: data-dependent Python, outputs that are not tensors) runs eagerly, ``fallback``
-    saying why, with its submodules compiled each on its own (``parts``): Dynamo splits
-    the graph at the break and compiles what is around it; here the split is at module
-    boundaries. Attributes other than its own are the module's, as on an
-    ``OptimizedModule``."""
+    """``module`` as ``torch.compile`` runs it in training: at its first call of each kind
+    (under the step's grad mode and autocast) AOTAutograd captures the joint graph on the
+    fake inputs, with the trace's watcher paused, and the partitioner splits it; every call
+    then runs the forward graph, whose saved tensors the backward graph consumes, each
+    graph run as ``memcalc.trace.compiled_graph`` allocates it. A module that cannot be
+    captured whole (a graph break: data-dependent Python, arguments or outputs that are
+    not tensors or constants) runs eagerly, ``fallback`` saying why, with its submodules
+    compiled each on its own (``parts``): Dynamo splits the graph at the break and compiles
+    what is around it; here the split is at module boundaries. Attributes other than its
+    own are the module's, as on an ``OptimizedModule``."""
 
     def __init__(self, module: nn.Module, cuda: bool = False) -> None:
         super().__init__()
