@@ -15,7 +15,7 @@ import torch
 from benchmarks.results import publish
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
-from tests.fixtures.compiled_models import measure_real_compiled_step, measure_real_step
+from tests.fixtures.compiled_models import compiling_step_cost, measure_real_step
 from tests.test_compiled import COMPILE_CASES
 
 RESULTS = Path(__file__).with_name("results-compiled.md")
@@ -27,9 +27,6 @@ def _percent(predicted: int, real: int) -> str:
 
 def main() -> None:
     torch.set_num_threads(1)
-    # every compiling step compiles: nothing from an earlier run's caches
-    torch._inductor.config.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
     lines = ["| case | real eager (B) | real compiled (B) | memcalc compiled (B) | error | "
              "compiled − eager, real (B) | predicted (B) | its error, share of the step | "
              "method | fallbacks | compiling step: s, host RSS rise (MiB) |",
@@ -39,7 +36,8 @@ def main() -> None:
         eager, compiled = estimate(spec), estimate(spec.with_changes(compile=True))
         shape = eager.input.traced_batch_shape
         real_eager = measure_real_step(spec, shape, compiled=False)
-        real_compiled, seconds, rss = measure_real_compiled_step(spec, shape)
+        real_compiled = measure_real_step(spec, shape, compiled=True)
+        seconds, rss = compiling_step_cost(spec, shape)
         predicted = compiled.device.peak_bytes
         real_change = real_compiled - real_eager
         change = predicted - eager.device.peak_bytes
@@ -54,9 +52,10 @@ def main() -> None:
     lines += ["", f"torch {torch.__version__}, Inductor's CPU backend, one thread; the real "
               "steps run a first step (compiling) before the two measured. The change's error "
               "is the predicted minus the real change, as a share of the real compiled step. "
-              "The compiling step is the first, timed and its host RSS (the process and its "
-              "compile workers) sampled every 5 ms: what compiling costs the host, which "
-              "memcalc does not predict.",
+              "The compiling step is the first, in a fresh process of its own with Inductor's "
+              "caches off: its seconds and how far its host RSS (with its compile workers, "
+              "sampled every 5 ms) rose above the process's before it: what compiling costs "
+              "the host, which memcalc does not predict.",
               "", "ViT (tiny) is off in its eager CPU step already (−9 %, "
               "results-core.md: its CPU kernels allocate what the trace does not see); "
               "compiling adds to that."]
