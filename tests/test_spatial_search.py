@@ -89,8 +89,8 @@ def test_the_ceiling_bounds_every_spatial_candidate_and_slab_flops(plans):
 def _variant(spec, label, estimator):
     from memcalc.strategies.plan import _variant_context, traced_variants
     model = estimator.model(spec)
-    variants, _ = traced_variants(spec, _variant_context(spec, find_gpu(spec.gpu), model),
-                                  estimator)
+    context = _variant_context(spec, find_gpu(spec.gpu), model, ClusterSpec())
+    variants, _ = traced_variants(spec, context, estimator)
     return next(v for v in variants if v.label == label)
 
 
