@@ -67,11 +67,10 @@ def _in_a_training_heap(inputs: HostInputs, host_spec: HostSpec, fresh: Throughp
     trained = measure_worker(host_spec.loader, measured.batch_size, progress=progress,
                              parent_heap="training")
     likely = _throughput(replace(inputs, measurement=trained), host_spec)
-    rows = {row.num_workers: row.expected_gpu_utilization for row in fresh.by_workers}
     states = HeapStates(
         num_workers=likely.num_workers,
         training_gpu_utilization=likely.expected_gpu_utilization,
-        fresh_gpu_utilization=rows.get(likely.num_workers, fresh.expected_gpu_utilization),
+        fresh_gpu_utilization=_busy_at(fresh, likely.num_workers),
         training_seconds_per_sample=trained.feeding_seconds_per_sample,
         fresh_seconds_per_sample=measured.feeding_seconds_per_sample)
     line = (f"the workers' speed depends on glibc's heap they inherit: forked from a heap as "
@@ -100,14 +99,20 @@ def _with_malloc_fix(inputs: HostInputs, host_spec: HostSpec, throughput: Throug
         return throughput.model_copy(update={"assumptions": throughput.assumptions + [reason]})
     fixed = _throughput(replace(inputs, measurement=fix.measurement), host_spec)
     workers = throughput.num_workers
-    rows = {row.num_workers: row.expected_gpu_utilization for row in fixed.by_workers}
-    at_workers = rows.get(workers, fixed.expected_gpu_utilization)
+    at_workers = _busy_at(fixed, workers)
     advice = malloc_advice(fix, measured, workers, throughput.expected_gpu_utilization,
                            at_workers, trained)
     states = throughput.heap_states
     return throughput.model_copy(update={
         "malloc_fix": fix, "advice": [advice] + throughput.advice,
         "heap_states": states and states.model_copy(update={"fixed_gpu_utilization": at_workers})})
+
+
+def _busy_at(throughput: ThroughputReport, workers: int) -> float:
+    """The forecast's GPU-busy share at ``workers`` (its own recommendation's where its table
+    has no such row)."""
+    rows = {row.num_workers: row.expected_gpu_utilization for row in throughput.by_workers}
+    return rows.get(workers, throughput.expected_gpu_utilization)
 
 
 def _host_spec(inputs: HostInputs) -> HostSpec:
