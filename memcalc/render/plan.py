@@ -14,6 +14,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.render.helpers import bullets
+from memcalc.strategies.rank_candidates import RANK_METHOD
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.units import format_bytes
 
@@ -62,6 +63,7 @@ def _method(candidate: Candidate, wide: bool) -> str:
     if wide:
         return candidate.method
     return ("slab" if candidate.method.startswith("traced slab") else
+            "rank" if candidate.method.startswith(RANK_METHOD) else
             "derive" if candidate.method.startswith("derived") else "trace")
 
 
@@ -87,9 +89,27 @@ _WIDE_COLUMNS = ["strategy", "GPUs", "per-GPU peak", "batch/GPU", "accum", "glob
                  "samples/s", "fits", "method"]
 _NARROW_COLUMNS = ["strategy", "GPUs", "peak/GPU", "batch/GPU", "global", "step",
                    "samples/s", "how"]
+JOB_BATCH = "at job b"
+"""The column of each candidate's per-GPU peak at the job's own batch (``--batch-size``)."""
 
 
-def _cells(candidate: Candidate, wide: bool) -> list[str]:
+def _columns(plan: StrategyPlan, wide: bool) -> list[str]:
+    """The table's columns: with a job batch, its peak per GPU (narrow: in place of global)."""
+    if plan.job_batch_size is None:
+        return _WIDE_COLUMNS if wide else _NARROW_COLUMNS
+    if wide:
+        return [*_WIDE_COLUMNS[:3], JOB_BATCH, *_WIDE_COLUMNS[3:]]
+    return [JOB_BATCH if column == "global" else column for column in _NARROW_COLUMNS]
+
+
+def _job_batch_cell(candidate: Candidate, usable: int, wide: bool) -> str:
+    peak = candidate.job_batch_peak_bytes
+    if peak is None:
+        return "-"
+    return format_bytes(peak) + ("" if peak <= usable or not wide else " (does not fit)")
+
+
+def _cells(candidate: Candidate, wide: bool, columns: list[str], usable: int) -> list[str]:
     cells = {"strategy": candidate.label if wide else short_label(candidate.label),
              "GPUs": str(candidate.gpus),
              "per-GPU peak": format_bytes(candidate.per_gpu_peak_bytes),
@@ -98,7 +118,8 @@ def _cells(candidate: Candidate, wide: bool) -> list[str]:
              "samples/s": samples_per_s_text(candidate.samples_per_s),
              "fits": "yes" if candidate.fits else "NO", "method": _method(candidate, wide)}
     cells["peak/GPU"], cells["how"] = cells["per-GPU peak"], cells["method"]
-    return [cells[column] for column in (_WIDE_COLUMNS if wide else _NARROW_COLUMNS)]
+    cells[JOB_BATCH] = _job_batch_cell(candidate, usable, wide)
+    return [cells[column] for column in columns]
 
 
 def _table(plan: StrategyPlan, shown: list[Candidate], wide: bool) -> Table:
@@ -106,11 +127,12 @@ def _table(plan: StrategyPlan, shown: list[Candidate], wide: bool) -> Table:
                         "first", title_justify="left",
                   **({} if wide else {"box": box.SIMPLE_HEAD, "padding": (0, 0, 0, 1), "show_edge": False,
                                       "pad_edge": False}))
-    for column in _WIDE_COLUMNS if wide else _NARROW_COLUMNS:
+    columns = _columns(plan, wide)
+    for column in columns:
         table.add_column(column, no_wrap=not wide,
                          justify="left" if column in ("strategy", "method", "how") else "right")
     for candidate in shown:
-        table.add_row(*_cells(candidate, wide),
+        table.add_row(*_cells(candidate, wide, columns, plan.usable_bytes),
                       style="bold" if candidate.label == plan.recommended else None)
     return table
 
@@ -137,8 +159,13 @@ def plan_renderable(plan: StrategyPlan, wide: bool = False) -> Group:
             captions.append("batch/GPU b×n: n micro-batches of b accumulated per step")
         if not all(c.fits for c in shown):
             captions.append("batch/GPU NO: not even one sample fits (peak at batch 1)")
-        captions.append("how: trace (its own traced steps), derive (closed form on the "
-                        "traced row of its base), slab (one GPU's slab traced)")
+        captions.append("how: trace (its own traced steps), rank (one rank of the job traced "
+                        "with its wrappers), derive (closed form on the traced row of its "
+                        "base), slab (one GPU's slab traced)")
+    if plan.job_batch_size is not None:
+        captions.append(f"{JOB_BATCH}: peak per GPU at the job's batch, "
+                        f"{plan.job_batch_size} per GPU (--batch-size); above "
+                        f"{format_bytes(plan.usable_bytes)} it does not fit")
     hidden = len(plan.candidates) - len(shown)
     if hidden:
         captions.append(f"{hidden} more candidates in --wide and --json"

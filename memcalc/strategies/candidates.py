@@ -16,7 +16,7 @@ from memcalc.units import format_bytes
 
 if TYPE_CHECKING:
     from memcalc.device.gpus import GpuSpec
-    from memcalc.device.report import DeviceReport
+    from memcalc.device.report import BatchPlan, DeviceReport
     from memcalc.strategies.rules import DerivedRule
     from memcalc.strategies.sharding import ModelStates
     from memcalc.strategies.specs import ClusterSpec, Strategy
@@ -39,6 +39,9 @@ class PlanContext:
     """For strategies that trace their own variant (one spatial slab)."""
     not_splittable: str | None = None
     """Why one sample cannot be split spatially; None: it can."""
+    job_batch: int | None = None
+    """The job's own batch per GPU (``--batch-size``), at which candidates also say their
+    peak; None: not given."""
 
 
 @dataclass(frozen=True)
@@ -95,15 +98,16 @@ def offloaded_at(device: DeviceReport, batch: int) -> int:
     return max(0, round(low_bytes + (batch - low) * slope))
 
 
-def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec) -> Candidate:
+def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuSpec,
+                         job_batch: int | None = None) -> Candidate:
     """``variant`` on one GPU at its planned batch (or what host RAM allows when offloading),
-    accumulating to the cluster's global batch."""
+    accumulating to the cluster's global batch; with its peak at ``job_batch`` when given."""
     plan = variant.report.device.plan
     micro = plan.max_batch_size
     cap = host_offload_cap(variant, 1, micro)
     if cap is not None and cap < micro:
         micro = cap
-    batching = _accumulation(cluster.global_batch, micro, 1)
+    batching = accumulation(cluster.global_batch, micro, 1)
     steps = batching.steps
     peak = (variant.report.device.total_bytes if micro == plan.max_batch_size   # traced there
             else _peak(plan.model_bytes, plan.per_sample_bytes, micro))
@@ -131,7 +135,17 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     timing = Timing(variant.flops_per_sample * max(micro, 1) * steps, compute, transfer)
     return _candidate(strategy=variant.strategy, label=variant.label, gpus=1,
                       method=_static_mark(variant, "traced"),
-                      peak=peak, batching=batching, timing=timing, notes=notes)
+                      peak=peak, batching=batching, timing=timing, notes=notes,
+                      job_batch_peak=planned_peak_at(variant.report.device.plan, job_batch))
+
+
+def planned_peak_at(plan: BatchPlan | None, batch: int | None) -> int | None:
+    """The per-GPU total at ``batch``: traced there by the batch plan, else on its line."""
+    if plan is None or batch is None:
+        return None
+    traced = {point.batch_size: point.total_bytes for point in plan.points
+              if point.method == "traced"}
+    return traced.get(batch, _peak(plan.model_bytes, plan.per_sample_bytes, batch))
 
 
 def _static_mark(base: TracedVariant, method: str) -> str:
@@ -142,43 +156,63 @@ def _static_mark(base: TracedVariant, method: str) -> str:
 
 
 def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
-                          cluster: ClusterSpec, gpu: GpuSpec, states: ModelStates) -> Candidate:
+                          cluster: ClusterSpec, gpu: GpuSpec, states: ModelStates,
+                          job_batch: int | None = None) -> Candidate:
     """``rule``'s strategy over ``gpus`` GPUs, derived from ``base``'s traced compute and
     optimizer lines as the rule moves them; for a base traced on one GPU's share of each
-    sample (``rule.traced_per_gpu``) those lines are already one GPU's."""
+    sample (``rule.traced_per_gpu``) those lines are already one GPU's. ``job_batch``: the
+    job's own batch per GPU, whose peak on those lines the candidate also carries."""
     device, plan = base.report.device, base.report.device.plan
     fitted = fitted_lines(base)
     lines = rule.memory(Derivation(fitted.compute, fitted.step, base, gpus, cluster, states))
     notes = list(lines.notes)
-    context = device.context_bytes or 0
-    budget = (plan.usable_bytes - context) / fitted.reserve
+    context_bytes = device.context_bytes or 0
+    budget = (plan.usable_bytes - context_bytes) / fitted.reserve
     micro = min(lines.compute.largest_batch(budget), lines.step.largest_batch(budget),
                 UNBOUNDED_BATCH)
     cap = host_offload_cap(base, cluster.gpus_per_node_for(gpus), micro)
     if cap is not None and cap < micro:
         micro = cap
         notes.append(f"batch limited to {cap} by host RAM for the offloaded activations")
-    peak = int(max(lines.compute.at(max(micro, 1)), lines.step.at(max(micro, 1)))
-               * fitted.reserve + context)
-    batching = _in_flight(_accumulation(cluster.global_batch, micro, lines.data_ranks),
+    def peak_at(batch: int) -> int:
+        return int(max(lines.compute.at(batch), lines.step.at(batch)) * fitted.reserve
+                   + context_bytes)
+
+    batching = _in_flight(accumulation(cluster.global_batch, micro, lines.data_ranks),
                           rule.micro_batches_in_flight(gpus), lines.data_ranks)
-    steps = batching.steps
+    name = rule.name(base.spec)
+    return scheduled_candidate(
+        rule, base, gpus=gpus, data_ranks=lines.data_ranks, batching=batching,
+        peak=peak_at(max(micro, 1)), context=(cluster, gpu, states),
+        label=name if base.rule.as_given else f"{name} + {base.label}",
+        method=_static_mark(base, rule.method(base)), notes=notes,
+        job_batch_peak=None if job_batch is None else peak_at(job_batch))
+
+
+def scheduled_candidate(rule: DerivedRule, base: TracedVariant, *, gpus: int, data_ranks: int,
+                        batching: Batching, peak: int,
+                        context: tuple[ClusterSpec, GpuSpec, ModelStates], label: str,
+                        method: str, notes: list[str], job_batch_peak: int | None = None,
+                        bubble_steps: int | None = None) -> Candidate:
+    """``rule``'s candidate on ``gpus`` GPUs at ``batching`` with ``peak`` bytes per GPU, its
+    step timed on ``base``'s FLOPs: compute (with the rule's schedule over ``bubble_steps``
+    micro-batches, by default the accumulation steps) and what crosses the interconnect."""
+    cluster, gpu, states = context
+    device, steps = base.report.device, batching.steps
+    micro = max(batching.micro, 1)
     # a base traced per GPU computes its share of the same samples on every GPU
-    flops = base.flops_per_sample * max(micro, 1) * steps * (
-        gpus if rule.traced_per_gpu else lines.data_ranks)
-    compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu), steps, gpus)
+    flops = base.flops_per_sample * micro * steps * (gpus if rule.traced_per_gpu else data_ranks)
+    compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu),
+                               bubble_steps or steps, gpus)
     bandwidth = bandwidth_bytes_per_s(cluster, gpus)
     halo_per_sample = device.halo_exchange_bytes / max(device.batch_size, 1)
     communication = (rule.communication_s(states, gpus, bandwidth)
-                     + steps * 2 * halo_per_sample * max(micro, 1) / bandwidth
-                     + steps * 2 * offloaded_at(device, max(micro, 1)) / HOST_LINK_BYTES_PER_S)
-    name = rule.name(base.spec)
-    label = name if base.rule.as_given else f"{name} + {base.label}"
-    return _candidate(strategy=rule.strategy, label=label, gpus=gpus,
-                      method=_static_mark(base, rule.method(base)),
+                     + steps * 2 * halo_per_sample * micro / bandwidth
+                     + steps * 2 * offloaded_at(device, micro) / HOST_LINK_BYTES_PER_S)
+    return _candidate(strategy=rule.strategy, label=label, gpus=gpus, method=method,
                       peak=peak, batching=batching,
                       timing=Timing(flops, compute_s, communication), notes=notes,
-                      spatial_parts=base.spec.spatial_parts)
+                      spatial_parts=base.spec.spatial_parts, job_batch_peak=job_batch_peak)
 
 
 def fewest_fitting_gpus(rule: DerivedRule, base: TracedVariant, states: ModelStates,
@@ -187,17 +221,19 @@ def fewest_fitting_gpus(rule: DerivedRule, base: TracedVariant, states: ModelSta
     ``max_gpus``) that fit; nothing when the cluster allows one GPU only."""
     cluster = context.cluster
     if cluster.gpus > 1:
-        return distributed_candidate(rule, base, cluster.gpus, cluster, context.gpu, states), None
+        return distributed_candidate(rule, base, cluster.gpus, cluster, context.gpu, states,
+                                     context.job_batch), None
     gpus, candidate = 2, None
     while gpus <= cluster.max_gpus:
-        candidate = distributed_candidate(rule, base, gpus, cluster, context.gpu, states)
+        candidate = distributed_candidate(rule, base, gpus, cluster, context.gpu, states,
+                                          context.job_batch)
         if candidate.fits or not rule.more_gpus_fit:
             return candidate, None
         gpus *= 2
     return candidate, None
 
 
-def _accumulation(global_batch: int | None, micro: int, ranks: int) -> Batching:
+def accumulation(global_batch: int | None, micro: int, ranks: int) -> Batching:
     if micro < 1:
         return Batching(micro, 1, 0)
     if global_batch is None:
@@ -219,7 +255,7 @@ def _peak(model_bytes: int, per_sample: int, micro: int) -> int:
 
 def _candidate(*, strategy: Strategy, label: str, gpus: int, method: str, peak: int,
                batching: Batching, timing: Timing, notes: list[str],
-               spatial_parts: int = 1) -> Candidate:
+               spatial_parts: int = 1, job_batch_peak: int | None = None) -> Candidate:
     step_time = timing.compute_s + timing.communication_s
     return Candidate(
         strategy=strategy, label=label, gpus=gpus, spatial_parts=spatial_parts, method=method,
@@ -228,4 +264,4 @@ def _candidate(*, strategy: Strategy, label: str, gpus: int, method: str, peak: 
         flops_per_step=timing.flops, compute_s=timing.compute_s,
         communication_s=timing.communication_s, step_time_s=step_time,
         samples_per_s=batching.global_batch / step_time if step_time else 0.0,
-        fits=batching.micro >= 1, notes=notes)
+        fits=batching.micro >= 1, notes=notes, job_batch_peak_bytes=job_batch_peak)

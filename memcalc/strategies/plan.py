@@ -11,7 +11,9 @@ from memcalc.device.gpus import GpuSpec, find_gpu
 from memcalc.errors import InputError
 from memcalc.specs import DeviceKind, StepPhase, TrainingSpec
 from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candidate
+from memcalc.strategies.crop import largest_fitting_sample
 from memcalc.strategies.launch import slurm_header, torchrun_command
+from memcalc.strategies.rank_candidates import MAX_RANK_TRACES, Screened, trace_ranks
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.rules import (
@@ -37,9 +39,6 @@ from memcalc.units import counted, format_bytes
 if TYPE_CHECKING:
     from torch import nn
 
-CROP_SEARCH_TRACES = 7
-
-
 def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: VariantEstimator,
                     prune: bool = True) -> StrategyPlan:
     """Every strategy for ``spec`` on ``cluster``'s GPUs, each variant traced by
@@ -59,13 +58,19 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
     variants, not_traced = traced_variants(spec, _variant_context(spec, gpu, model, cluster),
                                            estimator)
     baseline = next(v for v in variants if v.rule.as_given)
-    candidates = [single_gpu_candidate(v, cluster, gpu) for v in variants]
+    job_batch = spec.batch_size
+    candidates = [single_gpu_candidate(v, cluster, gpu, job_batch) for v in variants]
     leanest = min(variants, key=lambda v: (v.report.device.plan.per_sample_bytes,
                                            v.report.device.plan.model_bytes))
     not_splittable = not_splittable_reason(model, baseline.report.input.traced_batch_shape[1:])
-    context = PlanContext(cluster, gpu, estimator, not_splittable)
-    derived, failures, skipped = _derived_candidates(variants, largest_unit_fraction(model),
-                                                     context, candidates, prune)
+    context = PlanContext(cluster, gpu, estimator, not_splittable, job_batch)
+    screened, failures, skipped = _derived_candidates(variants, largest_unit_fraction(model),
+                                                      context, candidates, prune)
+    spatial = [s.candidate for s in screened if s.candidate.spatial_parts > 1]
+    derived, not_ranked = trace_ranks([s for s in screened if s.candidate.spatial_parts == 1],
+                                      candidates + spatial, context)
+    derived += spatial
+    failures += not_ranked
     ranked = sorted(candidates + derived, key=lambda c: rank_key(c, cluster))
     chosen = _choose(ranked, cluster)
     usable = baseline.report.device.plan.usable_bytes
@@ -74,7 +79,7 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
             else largest_fitting_sample(leanest, usable, estimator))
     return StrategyPlan(
         cluster=cluster, usable_bytes=usable, candidates=ranked,
-        recommended=chosen.label if chosen else None,
+        recommended=chosen.label if chosen else None, job_batch_size=job_batch,
         reason=_static_warning(baseline) + _reason(chosen, ranked, cluster, usable,
                                                    not_splittable) + _skipped(skipped),
         torchrun=torchrun_command(chosen, cluster) if chosen else None,
@@ -126,42 +131,6 @@ def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: Vari
     return variants, clashes + notes
 
 
-def largest_fitting_sample(variant: TracedVariant, usable: int,
-                           estimator: VariantEstimator) -> tuple[int, ...] | None:
-    """When nothing fits: the largest sample, every non-channel (non-feature) axis scaled by
-    one factor (multiples of 16 from 32 on), whose batch of one fits with ``variant``
-    (traced); None where the sample has no other axis."""
-    spec, report = variant.spec, variant.report
-    shape = spec.sample_shape or tuple(report.input.traced_batch_shape[1:])
-    channel_axis = {"channels-last": len(shape) - 1, "channels-first": 0,
-                    "features-last": len(shape) - 1}.get(report.input.layout)
-    if channel_axis is not None and len(shape) == 1:
-        return None         # a feature vector: its size is the model's, nothing to scale
-
-    def scaled(factor: float) -> tuple[int, ...]:
-        return tuple(dim if axis == channel_axis else _round_dim(dim * factor)
-                     for axis, dim in enumerate(shape))
-
-    def fits(candidate: tuple[int, ...]) -> bool:
-        trial = spec.with_changes(sample_shape=candidate, batch_size=1, gpu=None,
-                                  gpu_memory_bytes=None)
-        return estimator.report(trial).device.total_bytes <= usable
-
-    low, high, best = 0.0, 1.0, None
-    for _ in range(CROP_SEARCH_TRACES):
-        factor = (low + high) / 2
-        candidate = scaled(factor)
-        if fits(candidate):
-            low, best = factor, candidate
-        else:
-            high = factor
-    return best
-
-
-def _round_dim(value: float) -> int:
-    return max(16, int(value) // 16 * 16) if value >= 32 else max(1, int(value))
-
-
 def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module,
                      cluster: ClusterSpec) -> VariantContext:
     # a job already in mixed precision keeps its own autocast in every mixed variant
@@ -172,7 +141,7 @@ def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module,
 
 def _derived_candidates(variants: list[TracedVariant], unit_fraction: float,
                         context: PlanContext, single: list[Candidate], prune: bool
-                        ) -> tuple[list[Candidate], list[str], list[str]]:
+                        ) -> tuple[list[Screened], list[str], list[str]]:
     """Every derived rule on every base variant (base by base, rules in registration order),
     why a rule could not build one, and the bases a searching rule skipped. Rules sized in
     closed form go first, so that searching ones can compare with all they built."""
@@ -190,9 +159,12 @@ def _derived_candidates(variants: list[TracedVariant], unit_fraction: float,
             results, notes = rule.search(rule, bases, context, single + built, prune)
             sized.update(((index, which), result) for index, result in enumerate(results))
             skipped.extend(notes)
-    ordered = [sized[index, which] for index in range(len(bases)) for which in range(len(rules))]
-    return ([c for c, _ in ordered if c is not None], [f for _, f in ordered if f is not None],
-            skipped)
+    screened = [Screened(sized[index, which][0], rules[which], *bases[index])
+                for index in range(len(bases)) for which in range(len(rules))
+                if sized[index, which][0] is not None]
+    failures = [sized[index, which][1] for index in range(len(bases))
+                for which in range(len(rules)) if sized[index, which][1] is not None]
+    return screened, failures, skipped
 
 
 def _states(base: TracedVariant, unit_fraction: float) -> ModelStates:
@@ -256,6 +228,8 @@ def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterS
                   f"the fastest on the fewest GPUs of the {len(fitting)} candidates that fit"
                   if beyond else f"the fastest of the {sum(c.gpus <= cluster.gpus for c in fitting)}"
                   " candidates that fit on them"))
+    if chosen.method.startswith("derived"):
+        reason += "; its row is a closed form (no rank of it was traced)"
     thriftier = max(fitting, key=lambda c: c.samples_per_s / c.gpus)
     if thriftier.samples_per_s / thriftier.gpus > 1.5 * chosen.samples_per_s / chosen.gpus:
         reason += (f"; more per GPU-hour: {thriftier.label} on {thriftier.gpus} GPUs, "
@@ -279,15 +253,21 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
                "its halo receive buffers and concatenations; halos timed at the interconnect "
                "bandwidth, weights replicated with DDP's buckets")
     return [
-        "single-GPU candidates are traced (their own batch plan); distributed ones are derived "
-        "from each of them: their traced forward/backward and optimizer-step lines, sharded "
-        "states taken out, the allocator's reserve ratio kept",
+        "single-GPU candidates are traced (their own batch plan); distributed ones are first "
+        "screened in closed form on each of them (their traced forward/backward and "
+        "optimizer-step lines, sharded states taken out, the allocator's reserve ratio kept: "
+        "how 'derive'); then the best row of DDP, ZeRO-1, ZeRO-2, FSDP and pipeline, and the "
+        f"leading row until it is traced (at most {MAX_RANK_TRACES}), are traced as one rank of "
+        "the job with the real wrappers in a fake process group, each with its own batch plan "
+        "(how 'rank'); the other rows keep their closed form",
         f"checkpointing wraps {len(blocks)} repeated blocks"
         + (f" ({blocks[0]} … {blocks[-1]})" if blocks else " (none found: not applicable)"),
         f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "
         f"(catalog peak for the precision × MFU {cluster.mfu:.0%}); communication not overlapped",
-        "FSDP = ZeRO-3 with one unit per repeated block plus the root; two units gathered at once "
-        "(prefetch) and one unit's gradients before the reduce-scatter",
+        "traced ranks: ZeRO-1 = DDP with ZeroRedundancyOptimizer, ZeRO-2 and FSDP = FSDP2's "
+        "fully_shard per repeated block plus the root (ZeRO-2 without resharding after "
+        "forward), pipeline = torch.distributed.pipelining's 1F1B over stages split at the "
+        "repeated blocks, microbatch 1; closed-form FSDP rows gather two units at once",
         "NCCL communicator buffers, DDP's first-iteration bucket rebuild and pipeline activation "
         "transfers are not modelled",
         f"when one GPU is given, distributed strategies are sized to the fewest GPUs (powers of "

@@ -38,6 +38,9 @@ class Candidate(BaseModel):
     samples_per_s: float
     fits: bool
     notes: list[str]
+    job_batch_peak_bytes: int | None = None
+    """Predicted per-GPU total at the job's own batch per GPU (``--batch-size``; a pipeline's:
+    per replica): traced there, else on the candidate's batch line; None: no batch given."""
 
 
 class StrategyPlan(BaseModel):
@@ -54,6 +57,8 @@ class StrategyPlan(BaseModel):
     torchrun: str | None
     slurm: list[str] | None
     assumptions: list[str]
+    job_batch_size: int | None = None
+    """The job's own batch per GPU, at which every candidate gives ``job_batch_peak_bytes``."""
     largest_sample_shape: tuple[int, ...] | None = None
     """When nothing fits: the largest proportionally cropped sample that fits at batch 1."""
     largest_sample_strategy: str | None = None

@@ -1,0 +1,173 @@
+"""Distributed candidates traced as one rank of the job as it is launched.
+
+The closed-form candidates (``memcalc.strategies.rules``) screen every layout on every base
+variant in milliseconds; the ones that matter are then traced for real: the job's spec with
+its ``ParallelSpec`` (``memcalc.distributed``: a fake process group of the job's world size,
+the real DDP / ZeroRedundancyOptimizer / FSDP2 / pipelining wrappers) and its own batch plan.
+What each traces replaces its closed-form row. Traced are: the best row of every layout that
+has a wrapper, then the best row overall until it is a traced one (``MAX_RANK_TRACES`` in
+all), so the recommendation always rests on a traced rank.
+
+Known limitations: rows not among those keep their closed form and say so in their method;
+``nn.DataParallel`` (one process, no rank to trace) and spatial splits (traced on a slab)
+are never traced as ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memcalc.distributed.specs import DataParallel, ParallelSpec
+from memcalc.errors import MemcalcError
+from memcalc.strategies.candidates import accumulation, planned_peak_at, scheduled_candidate
+from memcalc.strategies.ranking import rank_key
+from memcalc.strategies.specs import Strategy
+from memcalc.strategies.variants import planned_spec
+from memcalc.units import format_bytes
+
+if TYPE_CHECKING:
+    from memcalc.report.models import Report
+    from memcalc.specs import TrainingSpec
+    from memcalc.strategies.candidates import PlanContext
+    from memcalc.strategies.report import Candidate
+    from memcalc.strategies.rules import DerivedRule
+    from memcalc.strategies.sharding import ModelStates
+    from memcalc.strategies.variants import TracedVariant
+
+WRAPPERS = {Strategy.DDP: DataParallel.DDP, Strategy.ZERO1: DataParallel.ZERO1,
+            Strategy.ZERO2: DataParallel.ZERO2, Strategy.FSDP: DataParallel.FSDP,
+            Strategy.PIPELINE: DataParallel.PIPELINE}
+"""The planner's layouts that one rank of the job traces, with the wrapper each runs."""
+MAX_RANK_TRACES = 8
+"""Most ranks one plan traces (each with its own batch plan: four to six traced steps)."""
+NEAR_FIT = 1.25
+"""A layout's best closed-form row that does not fit is still traced within this factor of
+the usable memory at batch 1 (the closed form can be that far off)."""
+RANK_METHOD = "traced rank"
+"""How a traced rank's candidate says it was obtained (``Candidate.method`` starts so)."""
+
+
+@dataclass(frozen=True)
+class Screened:
+    """A closed-form candidate with what it was derived from."""
+
+    candidate: Candidate
+    rule: DerivedRule
+    base: TracedVariant
+    states: ModelStates
+
+
+def rank_spec(screened: Screened, context: PlanContext) -> TrainingSpec | None:
+    """The spec of one rank of ``screened``'s job, its batch left to plan; None where its
+    layout has no wrapper to trace."""
+    wrapper = WRAPPERS.get(screened.candidate.strategy)
+    if wrapper is None or screened.candidate.spatial_parts > 1:
+        return None
+    gpus, cluster = screened.candidate.gpus, context.cluster
+    per_node = cluster.gpus_per_node_for(gpus)
+    parallel = ParallelSpec(strategy=wrapper, gpus_per_node=per_node, nodes=gpus // per_node,
+                            gradient_as_bucket_view=cluster.gradient_as_bucket_view)
+    return planned_spec(screened.base.spec.with_changes(parallel=parallel))
+
+
+def trace_ranks(screened: list[Screened], others: list[Candidate], context: PlanContext
+                ) -> tuple[list[Candidate], list[str]]:
+    """``screened`` with the rows that matter traced as ranks (in their order), and why a
+    row could not be. ``others``: the candidates ranked beside them (single GPU, spatial)."""
+    rows = {id(s): s.candidate for s in screened}
+    tried: set[int] = set()
+    failures: list[str] = []
+    given = context.cluster.gpus
+    fits_given = any(c.fits and c.gpus <= given for c in others)
+    ahead = [_best_of(screened, strategy, context) for strategy in WRAPPERS]
+    ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)]
+    context.estimator.prefetch([spec for s in ahead
+                                if (spec := rank_spec(s, context)) is not None])
+    while len(tried) < MAX_RANK_TRACES:
+        waiting = [s for s in ahead if id(s) not in tried]
+        if not waiting:
+            leader = min(others + list(rows.values()), key=lambda c: rank_key(c, context.cluster))
+            waiting = [s for s in screened if s.candidate is leader and id(s) not in tried]
+        if not waiting:
+            break
+        chosen = waiting[0]
+        tried.add(id(chosen))
+        traced, failure = _traced(chosen, context)
+        if traced is not None:
+            rows[id(chosen)] = traced
+        if failure:
+            failures.append(failure)
+    return [rows[id(s)] for s in screened], failures
+
+
+def _best_of(screened: list[Screened], strategy: Strategy, context: PlanContext
+             ) -> Screened | None:
+    """The best closed-form row of ``strategy`` that a rank can trace."""
+    rows = [s for s in screened if s.candidate.strategy is strategy
+            and s.candidate.spatial_parts == 1 and s.base.report.device.method == "traced"]
+    return min(rows, key=lambda s: rank_key(s.candidate, context.cluster), default=None)
+
+
+def _worth_a_rank(screened: Screened, given: int, fits_given: bool) -> bool:
+    """A layout's best row is traced when it could be what the plan shows first: on the GPUs
+    given (or beyond them when nothing traced fits there), fitting or within ``NEAR_FIT`` of
+    the usable memory by its closed form."""
+    candidate = screened.candidate
+    if candidate.gpus > given and fits_given:
+        return False
+    usable = screened.base.report.device.plan.usable_bytes
+    return candidate.fits or candidate.per_gpu_peak_bytes <= NEAR_FIT * usable
+
+
+def _traced(screened: Screened, context: PlanContext) -> tuple[Candidate | None, str | None]:
+    """``screened`` traced as one rank on its GPUs, or (with doubled GPUs, when one GPU was
+    given and the layout shards more over more GPUs) on the fewest that fit it."""
+    candidate = screened.candidate
+    spec = rank_spec(screened, context)
+    if spec is None or screened.base.report.device.method != "traced":
+        return None, None
+    cluster = context.cluster
+    gpus = candidate.gpus
+    while True:
+        try:
+            report = context.estimator.report(spec)
+        except MemcalcError as error:
+            return None, (f"{candidate.label} on {gpus} GPUs not traced as a rank ({error}); "
+                          "its row is the closed form")
+        traced = rank_candidate(screened, report, context)
+        more = (cluster.gpus == 1 and not traced.fits and screened.rule.more_gpus_fit
+                and gpus * 2 <= cluster.max_gpus)
+        if not more:
+            return traced, None
+        gpus *= 2
+        per_node = cluster.gpus_per_node_for(gpus)
+        spec = spec.with_changes(parallel=spec.parallel.model_copy(
+            update={"gpus_per_node": per_node, "nodes": gpus // per_node}))
+
+
+def rank_candidate(screened: Screened, report: Report, context: PlanContext) -> Candidate:
+    """The candidate of one traced rank: its planned batch and peak; timed as the closed
+    form times it (FLOPs of the base, the layout's collectives and pipeline bubble)."""
+    parallel = report.spec.parallel
+    device, plan = report.device, report.device.plan
+    local = plan.max_batch_size
+    cluster = context.cluster
+    batching = accumulation(cluster.global_batch, local, parallel.dp)
+    microbatches = max(1, local // parallel.microbatch_size) if parallel.pp > 1 else None
+    notes = [f"one rank of {parallel.describe()} traced with the real wrappers in a fake "
+             f"process group: {format_bytes(device.total_bytes)} at batch {local}"
+             + parallel.per_gpu()]
+    if microbatches:
+        notes.append(f"{microbatches} microbatches of {parallel.microbatch_size} per step "
+                     f"({parallel.pp_schedule.value})")
+    base = screened.base
+    name = screened.rule.name(base.spec)
+    return scheduled_candidate(
+        screened.rule, base, gpus=parallel.world_size, data_ranks=parallel.dp,
+        batching=batching, peak=device.total_bytes,
+        context=(cluster, context.gpu, screened.states),
+        label=name if base.rule.as_given else f"{name} + {base.label}",
+        method=f"{RANK_METHOD} ({parallel.world_size} ranks, fake process group) of {base.label}",
+        notes=notes, job_batch_peak=planned_peak_at(plan, context.job_batch),
+        bubble_steps=microbatches and microbatches * batching.steps)

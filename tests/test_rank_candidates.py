@@ -1,0 +1,71 @@
+"""The planner's distributed rows traced as one rank of the job (``memcalc.strategies.rank_candidates``):
+which rows are traced, and that a traced row says what the rank's own estimate says."""
+
+import pytest
+
+from memcalc.api import plan_spec
+from memcalc.device.batch_search import RELATIVE_RESOLUTION
+from memcalc.distributed.specs import DataParallel, ParallelSpec
+from memcalc.pipeline import estimate
+from memcalc.specs import TrainingSpec
+from memcalc.strategies import ClusterSpec, Strategy
+from memcalc.strategies.rank_candidates import MAX_RANK_TRACES, RANK_METHOD, WRAPPERS
+
+MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
+JOB = TrainingSpec(model="mlp", model_args=dict(in_features=1024, hidden=4096, depth=4),
+                   sample_shape=(1024,), gpu="T4", machine=MACHINE, batch_size=64)
+"""A parameter-heavy MLP (50 M parameters: its states decide between the layouts)."""
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return plan_spec(JOB, ClusterSpec(gpus_per_node=4))
+
+
+def _ranks(plan):
+    return [c for c in plan.candidates if c.method.startswith(RANK_METHOD)]
+
+
+def test_the_recommendation_and_each_wrappers_best_row_are_traced_ranks(plan):
+    chosen = next(c for c in plan.candidates if c.label == plan.recommended)
+    assert chosen.method == "traced" or chosen.method.startswith(RANK_METHOD)
+    traced = {c.strategy for c in _ranks(plan)}
+    # the MLP has no repeated blocks to split into stages: its pipeline row says why
+    assert traced == set(WRAPPERS) - {Strategy.PIPELINE}
+    assert any(note.startswith("pipeline + mixed-precision on 4 GPUs not traced as a rank")
+               and note.endswith("its row is the closed form") for note in plan.assumptions)
+    assert 0 < len(_ranks(plan)) <= MAX_RANK_TRACES
+    # what was not traced stays a closed form and says it
+    assert all(c.method.startswith(("traced", "derived")) for c in plan.candidates)
+
+
+def test_a_traced_rows_batch_is_the_largest_that_its_rank_runs(plan):
+    fsdp = next(c for c in _ranks(plan) if c.strategy is Strategy.FSDP)
+    base = fsdp.label.partition(" + ")[2]
+    lever = JOB.with_changes(**({"precision": "fp16-mixed"} if base == "mixed-precision" else {}))
+    rank = lever.with_changes(parallel=ParallelSpec(strategy=DataParallel.FSDP, gpus_per_node=4))
+    # each replayed at the card's capacity, as the plan decides; a batch this large is known
+    # to a hundredth of itself (``memcalc.device.batch_search.RELATIVE_RESOLUTION``)
+    above = fsdp.max_batch_size + 1 + fsdp.max_batch_size // RELATIVE_RESOLUTION
+    assert estimate(rank.with_changes(batch_size=fsdp.max_batch_size)).device.fits
+    assert estimate(rank.with_changes(batch_size=above)).device.fits is False
+
+
+def test_every_row_gives_its_peak_at_the_jobs_batch(plan):
+    assert plan.job_batch_size == JOB.batch_size
+    assert all(c.job_batch_peak_bytes for c in plan.candidates)
+    # the single-GPU row's figure (on its traced line) agrees with a trace at that batch
+    baseline = next(c for c in plan.candidates if c.label == "baseline")
+    traced = estimate(JOB).device.total_bytes
+    assert baseline.job_batch_peak_bytes == pytest.approx(traced, rel=0.02)
+    # sharding states over 4 GPUs holds less per GPU at the same batch than replicating them
+    ranks = {c.strategy: c for c in _ranks(plan) if c.label.endswith("mixed-precision")}
+    assert ranks[Strategy.FSDP].job_batch_peak_bytes < ranks[Strategy.DDP].job_batch_peak_bytes
+
+
+def test_a_static_base_has_no_traced_rank():
+    spec = TrainingSpec(model="tests.fixtures.models:untraceable", sample_shape=(8,),
+                        gpu="T4", machine=MACHINE)
+    plan = plan_spec(spec, ClusterSpec(gpus_per_node=2, max_gpus=2))
+    assert not _ranks(plan)
+    assert all(c.method.startswith("STATIC") for c in plan.candidates if c.gpus > 1)
