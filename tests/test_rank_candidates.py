@@ -41,9 +41,12 @@ def test_the_recommendation_and_each_wrappers_best_row_are_traced_ranks(plan):
 
 def test_a_traced_rows_batch_is_the_largest_that_its_rank_runs(plan):
     fsdp = next(c for c in _ranks(plan) if c.strategy is Strategy.FSDP)
-    base = fsdp.label.partition(" + ")[2]
-    lever = JOB.with_changes(**({"precision": "fp16-mixed"} if base == "mixed-precision" else {}))
-    rank = lever.with_changes(parallel=ParallelSpec(strategy=DataParallel.FSDP, gpus_per_node=4))
+    # a mixed-precision FSDP rank runs FSDP2's policy, as torchtitan's jobs do (no autocast)
+    mixed = fsdp.label.partition(" + ")[2] == "mixed-precision"
+    policy = {"param_dtype": "float16", "reduce_dtype": "float32"} if mixed else {}
+    assert any("param float16, reduce float32" in note for note in fsdp.notes) == mixed
+    rank = JOB.with_changes(parallel=ParallelSpec(strategy=DataParallel.FSDP, gpus_per_node=4,
+                                                  **policy))
     # each replayed at the card's capacity, as the plan decides; a batch this large is known
     # to a hundredth of itself (``memcalc.device.batch_search.RELATIVE_RESOLUTION``)
     above = fsdp.max_batch_size + 1 + fsdp.max_batch_size // RELATIVE_RESOLUTION
@@ -69,3 +72,24 @@ def test_a_static_base_has_no_traced_rank():
     plan = plan_spec(spec, ClusterSpec(gpus_per_node=2, max_gpus=2))
     assert not _ranks(plan)
     assert all(c.method.startswith("STATIC") for c in plan.candidates if c.gpus > 1)
+
+
+@pytest.mark.slow
+def test_a_pipeline_row_is_traced_at_the_microbatch_that_fits():
+    # 8 LLaMA blocks in 4 stages on a 1 GiB card: the rank of the largest stage is traced
+    spec = TrainingSpec(model="llama_7b", sample_shape=(256,), gpu="T4", machine=MACHINE,
+                        model_args=dict(dim=256, depth=8, heads=4, vocab=1000, hidden=1024),
+                        gpu_memory_bytes=1 << 30, batch_size=4)
+    plan = plan_spec(spec, ClusterSpec(gpus_per_node=4))
+    pipeline = next(c for c in _ranks(plan) if c.strategy is Strategy.PIPELINE)
+    micro = pipeline.max_batch_size
+    assert micro >= 1 and pipeline.per_gpu_peak_bytes <= plan.usable_bytes
+    assert pipeline.accumulation_steps >= 4                  # 1F1B: a microbatch per stage
+    # the row's peak is that rank's, traced on its own with a microbatch per stage
+    base = pipeline.label.partition(" + ")[2]
+    rank = spec.with_changes(precision="fp16-mixed" if "mixed" in base else "fp32",
+                             activation_checkpointing="full" if "checkpointing" in base else None,
+                             gpu=None, gpu_memory_bytes=None, batch_size=4 * micro,
+                             parallel=ParallelSpec(strategy="pipeline", gpus_per_node=4,
+                                                   microbatch_size=micro))
+    assert estimate(rank).device.total_bytes == pipeline.per_gpu_peak_bytes

@@ -266,7 +266,8 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
         f"(catalog peak for the precision × MFU {cluster.mfu:.0%}); communication not overlapped",
         "traced ranks: ZeRO-1 = DDP with ZeroRedundancyOptimizer, ZeRO-2 and FSDP = FSDP2's "
         "fully_shard per repeated block plus the root (ZeRO-2 without resharding after "
-        "forward), pipeline = torch.distributed.pipelining's 1F1B over stages split at the "
+        "forward; mixed precision as its MixedPrecisionPolicy(param_dtype=bfloat16 or float16, "
+        "reduce_dtype=float32), not autocast), pipeline = torch.distributed.pipelining's 1F1B over stages split at the "
         "repeated blocks, microbatch 1; closed-form FSDP rows gather two units at once",
         "NCCL communicator buffers, DDP's first-iteration bucket rebuild and pipeline activation "
         "transfers are not modelled",

@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING
 
 from memcalc.distributed.specs import DataParallel, ParallelSpec
 from memcalc.errors import MemcalcError
+from memcalc.specs import Precision
 from memcalc.strategies.candidates import accumulation, planned_peak_at, scheduled_candidate
+from memcalc.strategies.rank_pipeline import first_microbatch, pipeline_trial, traced_pipeline
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.specs import Strategy
 from memcalc.strategies.variants import planned_spec
@@ -39,6 +41,11 @@ WRAPPERS = {Strategy.DDP: DataParallel.DDP, Strategy.ZERO1: DataParallel.ZERO1,
             Strategy.ZERO2: DataParallel.ZERO2, Strategy.FSDP: DataParallel.FSDP,
             Strategy.PIPELINE: DataParallel.PIPELINE}
 """The planner's layouts that one rank of the job traces, with the wrapper each runs."""
+SHARDED = (DataParallel.ZERO2, DataParallel.FSDP)
+SHARDED_POLICY = {Precision.BF16_MIXED: "bfloat16", Precision.FP16_MIXED: "float16"}
+"""FSDP2 ranks of a mixed-precision variant run as torchtitan runs them: FSDP2's
+``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=float32)`` (parameters cast once per unit
+at the all-gather, fp32 sharded master weights), not autocast."""
 MAX_RANK_TRACES = 8
 """Most ranks one plan traces (each with its own batch plan: four to six traced steps)."""
 NEAR_FIT = 1.25
@@ -64,11 +71,18 @@ def rank_spec(screened: Screened, context: PlanContext) -> TrainingSpec | None:
     wrapper = WRAPPERS.get(screened.candidate.strategy)
     if wrapper is None or screened.candidate.spatial_parts > 1:
         return None
-    gpus, cluster = screened.candidate.gpus, context.cluster
+    gpus, cluster, spec = screened.candidate.gpus, context.cluster, screened.base.spec
     per_node = cluster.gpus_per_node_for(gpus)
+    policy = SHARDED_POLICY.get(spec.precision) if wrapper in SHARDED else None
     parallel = ParallelSpec(strategy=wrapper, gpus_per_node=per_node, nodes=gpus // per_node,
-                            gradient_as_bucket_view=cluster.gradient_as_bucket_view)
-    return planned_spec(screened.base.spec.with_changes(parallel=parallel))
+                            gradient_as_bucket_view=cluster.gradient_as_bucket_view,
+                            **({"param_dtype": policy, "reduce_dtype": "float32"}
+                               if policy else {}))
+    rank = spec.with_changes(parallel=parallel,
+                             **({"precision": Precision.FP32} if policy else {}))
+    if wrapper is DataParallel.PIPELINE:
+        return pipeline_trial(rank, screened, first_microbatch(screened))
+    return planned_spec(rank)
 
 
 def trace_ranks(screened: list[Screened], others: list[Candidate], context: PlanContext
@@ -130,12 +144,15 @@ def _traced(screened: Screened, context: PlanContext) -> tuple[Candidate | None,
     cluster = context.cluster
     gpus = candidate.gpus
     while True:
+        method = f"{RANK_METHOD} ({gpus} ranks, fake process group) of {screened.base.label}"
         try:
+            if spec.parallel.pp > 1:
+                return traced_pipeline(screened, spec, context, method), None
             report = context.estimator.report(spec)
         except MemcalcError as error:
             return None, (f"{candidate.label} on {gpus} GPUs not traced as a rank ({error}); "
                           "its row is the closed form")
-        traced = rank_candidate(screened, report, context)
+        traced = rank_candidate(screened, report, context, method)
         more = (cluster.gpus == 1 and not traced.fits and screened.rule.more_gpus_fit
                 and gpus * 2 <= cluster.max_gpus)
         if not more:
@@ -146,21 +163,18 @@ def _traced(screened: Screened, context: PlanContext) -> tuple[Candidate | None,
             update={"gpus_per_node": per_node, "nodes": gpus // per_node}))
 
 
-def rank_candidate(screened: Screened, report: Report, context: PlanContext) -> Candidate:
-    """The candidate of one traced rank: its planned batch and peak; timed as the closed
-    form times it (FLOPs of the base, the layout's collectives and pipeline bubble)."""
+def rank_candidate(screened: Screened, report: Report, context: PlanContext,
+                   method: str) -> Candidate:
+    """The candidate of one traced data-parallel rank: its planned batch and peak; timed as
+    the closed form times it (FLOPs of the base, the layout's collectives)."""
     parallel = report.spec.parallel
     device, plan = report.device, report.device.plan
     local = plan.max_batch_size
     cluster = context.cluster
     batching = accumulation(cluster.global_batch, local, parallel.dp)
-    microbatches = max(1, local // parallel.microbatch_size) if parallel.pp > 1 else None
     notes = [f"one rank of {parallel.describe()} traced with the real wrappers in a fake "
              f"process group: {format_bytes(device.total_bytes)} at batch {local}"
              + parallel.per_gpu()]
-    if microbatches:
-        notes.append(f"{microbatches} microbatches of {parallel.microbatch_size} per step "
-                     f"({parallel.pp_schedule.value})")
     base = screened.base
     name = screened.rule.name(base.spec)
     return scheduled_candidate(
@@ -168,6 +182,4 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext) -> 
         batching=batching, peak=device.total_bytes,
         context=(cluster, context.gpu, screened.states),
         label=name if base.rule.as_given else f"{name} + {base.label}",
-        method=f"{RANK_METHOD} ({parallel.world_size} ranks, fake process group) of {base.label}",
-        notes=notes, job_batch_peak=planned_peak_at(plan, context.job_batch),
-        bubble_steps=microbatches and microbatches * batching.steps)
+        method=method, notes=notes, job_batch_peak=planned_peak_at(plan, context.job_batch))
