@@ -262,7 +262,8 @@ def test_plan_needs_a_gpu_and_says_so_in_one_line():
 
 
 def test_plan_emits_the_launch_line_of_the_recommendation():
-    args = ["plan", *TINY_MLP, "--gpu", "T4", "--gpus", "4", "--cpus", "8", "--ram", "64GB"]
+    args = ["plan", *TINY_MLP, "--gpu", "T4", "--gpus", "4", "--cpus", "8", "--ram", "64GB",
+            "--rank-traces", "0"]     # the launch files, not the traced ranks
     torchrun = CliRunner().invoke(main, [*args, "--emit", "torchrun"])
     assert torchrun.exit_code == 0, torchrun.output
     assert torchrun.stdout.strip() == "torchrun --nnodes=1 --nproc-per-node=4 --standalone train.py"

@@ -9,7 +9,8 @@ from memcalc.distributed.specs import DataParallel, ParallelSpec
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, Strategy
-from memcalc.strategies.rank_candidates import MAX_RANK_TRACES, RANK_METHOD, WRAPPERS
+from memcalc.strategies.rank_candidates import RANK_METHOD, WRAPPERS
+from memcalc.strategies.specs import DEFAULT_RANK_TRACES
 
 MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
 JOB = TrainingSpec(model="mlp", model_args=dict(in_features=1024, hidden=4096, depth=4),
@@ -34,7 +35,7 @@ def test_the_recommendation_and_each_wrappers_best_row_are_traced_ranks(plan):
     assert traced == set(WRAPPERS) - {Strategy.PIPELINE}
     assert any(note.startswith("pipeline + mixed-precision on 4 GPUs not traced as a rank")
                and note.endswith("its row is the closed form") for note in plan.assumptions)
-    assert 0 < len(_ranks(plan)) <= MAX_RANK_TRACES
+    assert 0 < len(_ranks(plan)) <= DEFAULT_RANK_TRACES
     # what was not traced stays a closed form and says it
     assert all(c.method.startswith(("traced", "derived")) for c in plan.candidates)
 
@@ -93,3 +94,9 @@ def test_a_pipeline_row_is_traced_at_the_microbatch_that_fits():
                              parallel=ParallelSpec(strategy="pipeline", gpus_per_node=4,
                                                    microbatch_size=micro))
     assert estimate(rank).device.total_bytes == pipeline.per_gpu_peak_bytes
+
+
+def test_no_rank_is_traced_when_none_is_asked_for_and_the_plan_says_so():
+    plan = plan_spec(JOB, ClusterSpec(gpus_per_node=4, rank_traces=0))
+    assert not _ranks(plan)
+    assert any("none traced as a rank (--rank-traces 0)" in a for a in plan.assumptions)

@@ -82,7 +82,7 @@ def test_the_accumulation_variant_of_a_job_that_keeps_its_gradients_is_the_job(t
 
 
 def test_accumulation_is_not_traced_when_one_sample_of_the_job_does_not_fit(traced):
-    plan = plan_spec(SPEC, ClusterSpec(), workers=0)
+    plan = plan_spec(SPEC, ClusterSpec(rank_traces=0), workers=0)
     kept = spec_key(SPEC.with_changes(zero_grad_to_none=False, batch_size=None))
     assert kept not in traced["estimates"]
     assert "accumulation" not in {c.label for c in plan.candidates}

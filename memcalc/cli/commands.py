@@ -37,7 +37,14 @@ from memcalc.cli.types import CountListType, FiniteFloatRange, ShapeType, enum_c
 from memcalc.device.gpus import gpu_catalog
 from memcalc.render.plot import check_plot_path, plot_report
 from memcalc.specs import MAX_BATCH_SIZE, DeviceKind
-from memcalc.strategies.specs import MAX_GPUS_PER_NODE, MAX_NODES, Interconnect, Strategy
+from memcalc.strategies.specs import (
+    DEFAULT_RANK_TRACES,
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MAX_RANK_TRACES_ASKED,
+    Interconnect,
+    Strategy,
+)
 from memcalc.units import format_bytes, format_count
 from memcalc.model.zoo_catalog import zoo_rows
 
@@ -158,6 +165,10 @@ def check(ctx, as_json, **options) -> None:
 @click.option("--compile-levers", is_flag=True,
               help="Also trace torch.compile as a lever (compile, mixed-precision+compile); "
                    "slower: each of their traces captures the graphs again.")
+@click.option("--rank-traces", type=click.IntRange(min=0, max=MAX_RANK_TRACES_ASKED),
+              default=DEFAULT_RANK_TRACES, show_default=True,
+              help="Most distributed rows traced as one rank of the job (0: closed forms "
+                   "only, a quicker screen).")
 @click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
               help="Print only the launch file for the recommended strategy.")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
@@ -168,7 +179,7 @@ def check(ctx, as_json, **options) -> None:
 @timeout_option
 @click.pass_context
 def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, max_gpus, forced,
-         compile_levers, emit, as_json, wide, **options) -> None:
+         compile_levers, rank_traces, emit, as_json, wide, **options) -> None:
     """Which strategy to use: each traced or derived, ranked, with launch files. Exits 1 when
     nothing fits, 3 when the plan rests on a static count (the step could not be traced)."""
     from memcalc.api import plan_spec
@@ -182,7 +193,8 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
         cluster = ClusterSpec(gpus_per_node=gpus_per_node, nodes=nodes, global_batch=global_batch,
                               interconnect=interconnect, mfu=spec.feed.mfu,
                               gradient_as_bucket_view=bucket_view, strategy=forced,
-                              max_gpus=max_gpus, compile_levers=compile_levers)
+                              max_gpus=max_gpus, compile_levers=compile_levers,
+                              rank_traces=rank_traces)
         with variant_progress() as on_variant:
             result = plan_spec(spec, cluster, on_variant)
         static = result.reason.startswith(STATIC_PLAN)

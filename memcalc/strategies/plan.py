@@ -13,7 +13,7 @@ from memcalc.specs import DeviceKind, StepPhase, TrainingSpec
 from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candidate
 from memcalc.strategies.crop import largest_fitting_sample
 from memcalc.strategies.launch import slurm_header, torchrun_command
-from memcalc.strategies.rank_candidates import MAX_RANK_TRACES, Screened, trace_ranks
+from memcalc.strategies.rank_candidates import Screened, trace_ranks
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.rules import (
@@ -256,10 +256,13 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
         "single-GPU candidates are traced (their own batch plan); distributed ones are first "
         "screened in closed form on each of them (their traced forward/backward and "
         "optimizer-step lines, sharded states taken out, the allocator's reserve ratio kept: "
-        "how 'derive'); then the best row of DDP, ZeRO-1, ZeRO-2, FSDP and pipeline, and the "
-        f"leading row until it is traced (at most {MAX_RANK_TRACES}), are traced as one rank of "
-        "the job with the real wrappers in a fake process group, each with its own batch plan "
-        "(how 'rank'); the other rows keep their closed form",
+        "how 'derive')" + (
+            "; then the best row of DDP, ZeRO-1, ZeRO-2, FSDP and pipeline, and the leading "
+            f"row until it is traced (at most {cluster.rank_traces}), are traced as one rank of "
+            "the job with the real wrappers in a fake process group, each with its own batch "
+            "plan (how 'rank'); the other rows keep their closed form" if cluster.rank_traces
+            else "; none traced as a rank (--rank-traces 0): every distributed row is a "
+                 "closed form"),
         f"checkpointing wraps {len(blocks)} repeated blocks"
         + (f" ({blocks[0]} … {blocks[-1]})" if blocks else " (none found: not applicable)"),
         f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "
@@ -267,8 +270,9 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
         "traced ranks: ZeRO-1 = DDP with ZeroRedundancyOptimizer, ZeRO-2 and FSDP = FSDP2's "
         "fully_shard per repeated block plus the root (ZeRO-2 without resharding after "
         "forward; mixed precision as its MixedPrecisionPolicy(param_dtype=bfloat16 or float16, "
-        "reduce_dtype=float32), not autocast), pipeline = torch.distributed.pipelining's 1F1B over stages split at the "
-        "repeated blocks, microbatch 1; closed-form FSDP rows gather two units at once",
+        "reduce_dtype=float32), not autocast), pipeline = torch.distributed.pipelining's 1F1B "
+        "over stages split at the repeated blocks, at the closed form's microbatch halved "
+        "until the rank fits; closed-form FSDP rows gather two units at once",
         "NCCL communicator buffers, DDP's first-iteration bucket rebuild and pipeline activation "
         "transfers are not modelled",
         f"when one GPU is given, distributed strategies are sized to the fewest GPUs (powers of "

@@ -5,8 +5,8 @@ variant in milliseconds; the ones that matter are then traced for real: the job'
 its ``ParallelSpec`` (``memcalc.distributed``: a fake process group of the job's world size,
 the real DDP / ZeroRedundancyOptimizer / FSDP2 / pipelining wrappers) and its own batch plan.
 What each traces replaces its closed-form row. Traced are: the best row of every layout that
-has a wrapper, then the best row overall until it is a traced one (``MAX_RANK_TRACES`` in
-all), so the recommendation always rests on a traced rank.
+has a wrapper, then the best row overall until it is a traced one (at most
+all, ``ClusterSpec.rank_traces``), so the recommendation rests on a traced rank.
 
 Known limitations: rows not among those keep their closed form and say so in their method;
 ``nn.DataParallel`` (one process, no rank to trace) and spatial splits (traced on a slab)
@@ -46,8 +46,6 @@ SHARDED_POLICY = {Precision.BF16_MIXED: "bfloat16", Precision.FP16_MIXED: "float
 """FSDP2 ranks of a mixed-precision variant run as torchtitan runs them: FSDP2's
 ``MixedPrecisionPolicy(param_dtype=…, reduce_dtype=float32)`` (parameters cast once per unit
 at the all-gather, fp32 sharded master weights), not autocast."""
-MAX_RANK_TRACES = 8
-"""Most ranks one plan traces (each with its own batch plan: four to six traced steps)."""
 NEAR_FIT = 1.25
 """A layout's best closed-form row that does not fit is still traced within this factor of
 the usable memory at batch 1 (the closed form can be that far off)."""
@@ -98,7 +96,9 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
     ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)]
     context.estimator.prefetch([spec for s in ahead
                                 if (spec := rank_spec(s, context)) is not None])
-    while len(tried) < MAX_RANK_TRACES:
+    if not context.cluster.rank_traces:
+        return [s.candidate for s in screened], []
+    while len(tried) < context.cluster.rank_traces:
         waiting = [s for s in ahead if id(s) not in tried]
         if not waiting:
             leader = min(others + list(rows.values()), key=lambda c: rank_key(c, context.cluster))

@@ -28,6 +28,9 @@ SXM, ~360 measured, rounded down), PCIe 4.0 x16 through the host, 200 Gb/s HDR I
 
 
 GPUS_PER_NODE_BEYOND_GIVEN = 8
+DEFAULT_RANK_TRACES = 8
+"""Most distributed rows a plan traces as one rank of the job (each with its batch plan)."""
+MAX_RANK_TRACES_ASKED = 64
 
 
 class Strategy(str, Enum):
@@ -71,6 +74,9 @@ class ClusterSpec(BaseModel):
     """Force one strategy to be recommended (it is still evaluated and may not fit)."""
     max_gpus: int = Field(default=512, ge=1, le=MAX_GPUS_PER_NODE * MAX_NODES)
     """How far the planner looks for GPUs when nothing fits on the ones given."""
+    rank_traces: int = Field(default=DEFAULT_RANK_TRACES, ge=0, le=MAX_RANK_TRACES_ASKED)
+    """Most distributed rows traced as one rank of the job (``memcalc.strategies.
+    rank_candidates``); 0: every distributed row is its closed form (a quicker screen)."""
     compile_levers: bool = False
     """Also trace ``torch.compile`` as a lever (compile, mixed-precision+compile): every trace
     of theirs captures the graphs again, which makes a plan several times slower."""
