@@ -31,6 +31,7 @@ from memcalc.report_pool import ReportPool, workers_for
 from memcalc.specs import StepPhase, TrainingSpec
 from memcalc.strategies import ClusterSpec, StrategyPlan, VariantEstimator, plan_strategies
 from memcalc.strategies.report_cache import ReportCache
+from memcalc.strategies.specs import DEFAULT_RANK_TRACES
 from memcalc.units import counted, format_bytes
 
 ModelLike = str | nn.Module | Callable[..., nn.Module]
@@ -91,7 +92,8 @@ def estimate(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *,
 
 def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: str,
          gpus: int = 1, nodes: int = 1, global_batch: int | None = None, max_gpus: int = 512,
-         compile_levers: bool = False, **options: Any) -> StrategyPlan:
+         compile_levers: bool = False, rank_traces: int = DEFAULT_RANK_TRACES,
+         **options: Any) -> StrategyPlan:
     """Every strategy (mixed precision, checkpointing, offloading, DDP, FSDP, pipelines,
     spatial parallelism...) with its peak per GPU, batch and speed, ranked.
 
@@ -104,6 +106,7 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
         global_batch: the global batch the job needs, when it has one.
         max_gpus: the most GPUs one may ask for.
         compile_levers: also trace torch.compile as a lever (a slower plan).
+        rank_traces: most distributed rows traced as one rank of the job (0: closed forms).
         **options: ``TrainingSpec`` fields, as for ``estimate``.
 
     Returns:
@@ -111,7 +114,8 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
     """
     try:
         cluster = ClusterSpec(gpus_per_node=gpus, nodes=nodes, global_batch=global_batch,
-                              max_gpus=max_gpus, compile_levers=compile_levers)
+                              max_gpus=max_gpus, compile_levers=compile_levers,
+                              rank_traces=rank_traces)
     except ValidationError as error:
         raise argument_error(error, (ClusterSpec,)) from None
     with caller_process_kept(), model_reference(model) as name:
