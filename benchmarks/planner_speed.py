@@ -1,7 +1,8 @@
 """Planner speed: `memcalc plan` against `memcalc estimate` on the seed case, as the ratio of
 their wall times (fresh processes, median of 3 runs each), with the traced steps each makes
 and the cores it ran on; then the plan with and without worker processes, to show whether
-they pay off here. Prints the tables and writes benchmarks/results-planner.md.
+they pay off here; then multi-GPU jobs, whose plans trace ranks of the job (one run each:
+an 8 B plan takes minutes). Prints the tables and writes benchmarks/results-planner.md.
 
     python -m benchmarks.planner_speed
 """
@@ -32,6 +33,21 @@ SEED_ARGS = ["--model", "resnet3d", "--shape", "834,224,834,3", "--gpu", "RTX-40
 SEED = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-4090")
 RUNS = 3
 TARGET_RATIO = 2.0
+DISTRIBUTED_JOBS = [
+    ("GPT-2 (124 M), 8 GPUs", ["--model", "gpt2", "--gpu", "H100-80GB", "--batch-size", "4",
+                               "--gpus", "8"], None),
+    ("LLaMA 0.94 B (2048 wide, 16 blocks, sequence 2048), 8 GPUs",
+     ["--model", "llama_7b", "--model-arg", "dim=2048", "--model-arg", "depth=16",
+      "--model-arg", "heads=16", "--model-arg", "hidden=5504", "--shape", "2048",
+      "--gpu", "H100-80GB", "--batch-size", "2", "--gpus", "8"], 3.0),
+    ("Llama 3.1 8B as torchtitan trains it (sequence 8192), 8 GPUs",
+     ["--model", "llama3_8b", "--shape", "8192", "--batch-size", "2", "--optimizer", "adamw",
+      "--optimizer-impl", "fused", "--free-output", "--gpu", "H100-80GB", "--gpu-memory",
+      "95GiB", "--gpus", "8"], None),
+]
+"""(name, options shared by estimate and plan (plan's --gpus dropped for estimate), target
+plan / estimate ratio or None); the 8 B plan's target is in seconds (``TARGET_8B_S``)."""
+TARGET_8B_S = 120.0
 _PLAN_WITH = ("import sys; from memcalc.api import plan_spec; from memcalc.specs import "
               "TrainingSpec; from memcalc.strategies import ClusterSpec; plan_spec(TrainingSpec("
               "model='resnet3d', sample_shape=(834, 224, 834, 3), gpu='RTX-4090'), "
@@ -39,11 +55,14 @@ _PLAN_WITH = ("import sys; from memcalc.api import plan_spec; from memcalc.specs
 
 
 def median_wall_s(argv: list[str], runs: int = RUNS) -> tuple[float, list[float]]:
-    """Median wall seconds of ``runs`` fresh processes of ``argv``, and each run's."""
+    """Median wall seconds of ``runs`` fresh processes of ``argv``, and each run's (exit 0, or
+    1 where the job does not fit: an answer all the same)."""
     walls = []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+        done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode not in (0, 1):
+            raise RuntimeError(f"{' '.join(argv)} exited {done.returncode}: {done.stderr[-500:]}")
         walls.append(time.perf_counter() - start)
     return statistics.median(walls), walls
 
@@ -126,7 +145,31 @@ def main() -> None:
     ]
     lines += [f"| {n} | {median:.2f} | {runs(walls)} | {traces[n]} | {median / estimate_s:.2f} |"
               for n, (median, walls) in by_workers.items()]
+    lines += distributed_lines(cli)
     publish(RESULTS, "memcalc planner speed", lines)
+
+
+def distributed_lines(cli: list[str]) -> list[str]:
+    """Multi-GPU jobs: the plan (ranks traced) against one estimate of the job on one GPU,
+    one fresh process each."""
+    lines = ["", "Multi-GPU jobs: `memcalc plan … --gpus 8` traces each layout's best row and "
+             "its leader as one rank of the job (fake process group, real wrappers), against "
+             "`memcalc estimate` of the job on one GPU; one fresh process each (load average "
+             f"{load()} at the start).", "",
+             "| job | estimate s | plan s | plan / estimate | target |", "|---|---:|---:|---:|---|"]
+    for name, options, target in DISTRIBUTED_JOBS:
+        single = [o for i, o in enumerate(options) if "--gpus" not in options[max(0, i - 1):i + 1]]
+        estimate_s, _ = median_wall_s([*cli, "estimate", *single], runs=1)
+        plan_s, _ = median_wall_s([*cli, "plan", *options], runs=1)
+        ratio = plan_s / estimate_s
+        if target is not None:
+            verdict = f"≤ {target:g}× the estimate: {'met' if ratio <= target else 'NOT met'}"
+        elif "llama3_8b" in options:
+            verdict = f"≤ {TARGET_8B_S:g} s: {'met' if plan_s <= TARGET_8B_S else 'NOT met'}"
+        else:
+            verdict = "-"
+        lines.append(f"| {name} | {estimate_s:.1f} | {plan_s:.1f} | {ratio:.2f} | {verdict} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -58,12 +58,13 @@ def worker_pids():
 
 def test_a_plan_made_with_workers_is_the_serial_plan():
     spec = capacity_for(TINY, 0.3)       # spatial slabs are searched too
-    serial = plan_spec(spec, ClusterSpec(), workers=0)
+    cluster = ClusterSpec(rank_traces=2)     # ranks are made ahead too, two of them here
+    serial = plan_spec(spec, cluster, workers=0)
     with ReportPool(1) as pool:
         assert pool.start(START_S)
         from memcalc.api import pipeline_estimator
         from memcalc.strategies import plan_strategies
-        parallel = plan_strategies(spec, ClusterSpec(), pipeline_estimator(None, pool))
+        parallel = plan_strategies(spec, cluster, pipeline_estimator(None, pool))
         made_there, pids = pool.made_in_workers, worker_pids()
     assert made_there > 0 and pids
     assert parallel.model_dump_json() == serial.model_dump_json()

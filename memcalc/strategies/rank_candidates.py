@@ -93,7 +93,8 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
     given = context.cluster.gpus
     fits_given = any(c.fits and c.gpus <= given for c in others)
     ahead = [_best_of(screened, strategy, context) for strategy in WRAPPERS]
-    ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)]
+    ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)
+             ][:context.cluster.rank_traces]
     context.estimator.prefetch([spec for s in ahead
                                 if (spec := rank_spec(s, context)) is not None])
     if not context.cluster.rank_traces:
