@@ -114,7 +114,7 @@ def _first_line_and_json(command, args):
 
 def test_plan_opens_with_the_recommendation_and_reads_at_80_columns():
     lines, plan = _first_line_and_json("plan", [*TINY, "--gpu", "T4", "--gpus", "4", "--cpus",
-                                               "8", "--ram", "64GB"])
+                                               "8", "--ram", "64GB", "--rank-traces", "0"])
     chosen = next(c for c in plan["candidates"] if c["label"] == plan["recommended"])
     assert lines[0].startswith(f"PLAN: {short_label(chosen['label'])} on {chosen['gpus']} GPU")
     assert (f"batch {chosen['max_batch_size']}/GPU needs "
