@@ -180,35 +180,34 @@ def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
 
     batching = _in_flight(accumulation(cluster.global_batch, micro, lines.data_ranks),
                           rule.micro_batches_in_flight(gpus), lines.data_ranks)
-    name = rule.name(base.spec)
     return scheduled_candidate(
         rule, base, gpus=gpus, data_ranks=lines.data_ranks, batching=batching,
         peak=peak_at(max(micro, 1)), context=(cluster, gpu, states),
-        label=name if base.rule.as_given else f"{name} + {base.label}",
         method=_static_mark(base, rule.method(base)), notes=notes,
         job_batch_peak=None if job_batch is None else peak_at(job_batch))
 
 
 def scheduled_candidate(rule: DerivedRule, base: TracedVariant, *, gpus: int, data_ranks: int,
                         batching: Batching, peak: int,
-                        context: tuple[ClusterSpec, GpuSpec, ModelStates], label: str,
-                        method: str, notes: list[str], job_batch_peak: int | None = None,
-                        bubble_steps: int | None = None) -> Candidate:
+                        context: tuple[ClusterSpec, GpuSpec, ModelStates],
+                        method: str, notes: list[str], job_batch_peak: int | None = None
+                        ) -> Candidate:
     """``rule``'s candidate on ``gpus`` GPUs at ``batching`` with ``peak`` bytes per GPU, its
-    step timed on ``base``'s FLOPs: compute (with the rule's schedule over ``bubble_steps``
-    micro-batches, by default the accumulation steps) and what crosses the interconnect."""
+    step timed on ``base``'s FLOPs: compute (with the rule's schedule over the micro-batches
+    of a step) and what crosses the interconnect; labelled by the rule on ``base``."""
     cluster, gpu, states = context
     device, steps = base.report.device, batching.steps
     micro = max(batching.micro, 1)
     # a base traced per GPU computes its share of the same samples on every GPU
     flops = base.flops_per_sample * micro * steps * (gpus if rule.traced_per_gpu else data_ranks)
-    compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu),
-                               bubble_steps or steps, gpus)
+    compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu), steps, gpus)
     bandwidth = bandwidth_bytes_per_s(cluster, gpus)
     halo_per_sample = device.halo_exchange_bytes / max(device.batch_size, 1)
     communication = (rule.communication_s(states, gpus, bandwidth)
                      + steps * 2 * halo_per_sample * micro / bandwidth
                      + steps * 2 * offloaded_at(device, micro) / HOST_LINK_BYTES_PER_S)
+    name = rule.name(base.spec)
+    label = name if base.rule.as_given else f"{name} + {base.label}"
     return _candidate(strategy=rule.strategy, label=label, gpus=gpus, method=method,
                       peak=peak, batching=batching,
                       timing=Timing(flops, compute_s, communication), notes=notes,

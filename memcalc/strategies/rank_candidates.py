@@ -5,8 +5,8 @@ variant in milliseconds; the ones that matter are then traced for real: the job'
 its ``ParallelSpec`` (``memcalc.distributed``: a fake process group of the job's world size,
 the real DDP / ZeroRedundancyOptimizer / FSDP2 / pipelining wrappers) and its own batch plan.
 What each traces replaces its closed-form row. Traced are: the best row of every layout that
-has a wrapper, then the best row overall until it is a traced one (at most
-all, ``ClusterSpec.rank_traces``), so the recommendation rests on a traced rank.
+has a wrapper, then the best row overall until it is a traced one (``ClusterSpec.rank_traces``
+in all), so the recommendation rests on a traced rank.
 
 Known limitations: rows not among those keep their closed form and say so in their method;
 ``nn.DataParallel`` (one process, no rank to trace) and spatial splits (traced on a slab)
@@ -67,7 +67,7 @@ def rank_spec(screened: Screened, context: PlanContext) -> TrainingSpec | None:
     """The spec of one rank of ``screened``'s job, its batch left to plan; None where its
     layout has no wrapper to trace."""
     wrapper = WRAPPERS.get(screened.candidate.strategy)
-    if wrapper is None or screened.candidate.spatial_parts > 1:
+    if wrapper is None:
         return None
     gpus, cluster, spec = screened.candidate.gpus, context.cluster, screened.base.spec
     per_node = cluster.gpus_per_node_for(gpus)
@@ -87,6 +87,8 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
                 ) -> tuple[list[Candidate], list[str]]:
     """``screened`` with the rows that matter traced as ranks (in their order), and why a
     row could not be. ``others``: the candidates ranked beside them (single GPU, spatial)."""
+    if not context.cluster.rank_traces:
+        return [s.candidate for s in screened], []
     rows = {id(s): s.candidate for s in screened}
     tried: set[int] = set()
     failures: list[str] = []
@@ -95,10 +97,7 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
     ahead = [_best_of(screened, strategy, context) for strategy in WRAPPERS]
     ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)
              ][:context.cluster.rank_traces]
-    context.estimator.prefetch([spec for s in ahead
-                                if (spec := rank_spec(s, context)) is not None])
-    if not context.cluster.rank_traces:
-        return [s.candidate for s in screened], []
+    context.estimator.prefetch([rank_spec(s, context) for s in ahead])
     while len(tried) < context.cluster.rank_traces:
         waiting = [s for s in ahead if id(s) not in tried]
         if not waiting:
@@ -120,7 +119,7 @@ def _best_of(screened: list[Screened], strategy: Strategy, context: PlanContext
              ) -> Screened | None:
     """The best closed-form row of ``strategy`` that a rank can trace."""
     rows = [s for s in screened if s.candidate.strategy is strategy
-            and s.candidate.spatial_parts == 1 and s.base.report.device.method == "traced"]
+            and s.base.report.device.method == "traced"]
     return min(rows, key=lambda s: rank_key(s.candidate, context.cluster), default=None)
 
 
@@ -176,11 +175,7 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext,
     notes = [f"one rank of {parallel.describe()} traced with the real wrappers in a fake "
              f"process group: {format_bytes(device.total_bytes)} at batch {local}"
              + parallel.per_gpu()]
-    base = screened.base
-    name = screened.rule.name(base.spec)
     return scheduled_candidate(
-        screened.rule, base, gpus=parallel.world_size, data_ranks=parallel.dp,
+        screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=batching, peak=device.total_bytes,
-        context=(cluster, context.gpu, screened.states),
-        label=name if base.rule.as_given else f"{name} + {base.label}",
-        method=method, notes=notes, job_batch_peak=planned_peak_at(plan, context.job_batch))
+        context=(cluster, context.gpu, screened.states), method=method, notes=notes, job_batch_peak=planned_peak_at(plan, context.job_batch))

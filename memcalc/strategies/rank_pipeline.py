@@ -73,15 +73,13 @@ def _candidate(screened: Screened, report: Report, context: PlanContext, method:
     global_batch = context.cluster.global_batch
     microbatches = max(screened.candidate.accumulation_steps, traced,
                        -(-global_batch // (max(micro, 1) * parallel.dp)) if global_batch else 1)
-    base, name = screened.base, screened.rule.name(screened.base.spec)
     notes = [f"one rank of {parallel.describe()} traced with the real wrappers in a fake "
              f"process group: {format_bytes(report.device.total_bytes)} with {traced} "
              f"microbatches of {parallel.microbatch_size} (the rank of its largest stage; the "
              "card's settings left out, its total against the usable memory); timed with "
              f"{microbatches} microbatches a step"]
     return scheduled_candidate(
-        screened.rule, base, gpus=parallel.world_size, data_ranks=parallel.dp,
+        screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=Batching(micro, microbatches, micro * microbatches * parallel.dp),
         peak=report.device.total_bytes, context=(context.cluster, context.gpu, screened.states),
-        label=name if base.rule.as_given else f"{name} + {base.label}", method=method,
-        notes=notes)
+        method=method, notes=notes)

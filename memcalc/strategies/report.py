@@ -40,7 +40,8 @@ class Candidate(BaseModel):
     notes: list[str]
     job_batch_peak_bytes: int | None = None
     """Predicted per-GPU total at the job's own batch per GPU (``--batch-size``; a pipeline's:
-    per replica): traced there, else on the candidate's batch line; None: no batch given."""
+    per replica): traced there, else on the candidate's batch line; None: no batch given, or
+    a pipeline traced as a rank (its microbatch is searched, not its local batch)."""
 
 
 class StrategyPlan(BaseModel):
