@@ -164,3 +164,21 @@ def test_a_process_that_has_a_process_group_keeps_it():
         assert dist.get_world_size() == 3
     finally:
         dist.destroy_process_group()
+
+
+def test_a_ranks_trace_keeps_the_reducers_advice_for_the_real_job_off_the_screen():
+    # DDP's reducer warns through autograd's backward (module torch.autograd.graph) when a
+    # gradient's strides differ from its bucket view's (timm's ViT class token on fake
+    # tensors); the rank's trace keeps it to itself, and the caller's filters come back after
+    import warnings
+
+    from memcalc.trace.rank import rank_of
+
+    advice = ("Grad strides do not match bucket view strides. This may indicate grad was not "
+              "created according to the gradient layout contract")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with rank_of(ParallelSpec(strategy="ddp", gpus_per_node=2)):
+            warnings.warn(advice, UserWarning)
+        warnings.warn(advice, UserWarning)
+    assert [str(warning.message) for warning in seen] == [advice]

@@ -50,8 +50,11 @@ def rank_of(parallel: ParallelSpec | None, rank: int = 0) -> Iterator:
     try:
         with warnings.catch_warnings(), (pipeline_sends_held() if parallel.pp > 1
                                          else contextlib.nullcontext()):
-            # FSDP2's advice on views of the output is for users
+            # FSDP2's advice on views of the output, and DDP's reducer's on gradient strides
+            # (raised from autograd's backward, on fake gradients), are for the real job
             warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed")
+            warnings.filterwarnings("ignore", category=UserWarning,
+                                    message="Grad strides do not match bucket view strides")
             yield job_mesh(parallel)
     finally:
         group.__exit__(None, None, None)
