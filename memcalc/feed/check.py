@@ -220,7 +220,7 @@ def _feed_check(reference: str, batch_size: int, step_s: float, worker_counts: l
                 workers, step_s, seconds_per_sample * batch_size, cpus,
                 main_busy=CONSUMERS[consumer].main_busy, other_busy_cpus=run.other_busy_cpus,
                 receive_s=run.receive_s or 0.0, main_load_s=run.main_build_s,
-                wake_wait_s=wake_s)))
+                wake_wait_s=wake_s, busy_receive_s=taking.busy_receive_s)))
         if progress:
             progress(workers)
     return FeedCheck(dataset=reference, batch_size=batch_size, step_time_s=step_s,

@@ -9,37 +9,41 @@ freeing the one before), so a step starts at most every step + receive. The pin-
 is serial in the main process's pin thread.
 
 The cores left to the job are A = C − what other processes use (none on a dedicated
-training node; ``memcalc feed`` measures it). The training process is busy for
+training node; ``memcalc feed`` measures it). The training process is runnable for
 ``main_busy`` × step + receive per batch: ``main_busy`` is ``1`` for a real GPU job (kernel
 launches, then CUDA's default synchronisation spins while the GPU works:
 ``cudaDeviceScheduleAuto`` spins when there are fewer CUDA contexts than cores), ``0`` for a
-consumer that sleeps. The model counts its cores first and gives the workers the rest. Linux
-does not: on 2 cores with two workers building, a spinning training process ran 53-76 % of its
-step (a fair share among three runnable processes; schedstat of each process). The whole core
-stands in for losses not modelled that nearly offset it: batches waiting for a pure-Python
-worker's GIL to leave it (60 % GPU-busy at 2 workers against 70 % with ``file_system``
-sharing, at the same CPU time) and workers building slower than the probe's worker (3D
-volumes: 34-37 ms of CPU a batch against 30 ms). Where neither applies (JPEG decoding) the
-prediction at 2 workers is 3-11 points low. With u the GPU-busy share and T = step / u the
-time between batches:
+consumer that sleeps. Linux shares the cores fairly among runnable processes: on 2 cores with
+two workers building, a spinning training process ran 53-76 % of its step (schedstat of each
+process), and a spin that loses its core does not slow the GPU. So the W workers get
+A × W / (W + 1) cores while the training process is runnable and min(W, A) while it waits for
+a batch. Except where batches wait for a worker's GIL (``busy_receive`` well above
+``receive``: the file-descriptor hand-over needs the GIL that a pure-Python Dataset holds):
+there what fair sharing gives the workers is lost again at the receives, and the training
+process keeps a whole core (pure-Python kinds at 2 workers on 2 cores: 59-61 % GPU-busy
+measured; fair sharing alone predicts 72-75 %, the whole core 63-67 %; JPEG decoding, whose
+hand-over is quick: 69-83 % measured, 74-85 % with fair sharing, 65-73 % with the whole core).
+With u the GPU-busy share and T = step / u the time between batches:
 
-    main(u)        = u × (main_busy × step + receive) / step   cores the training process uses
-    workers(u)     = min(W, A − main(u))                        cores left to the W workers
+    main(u)        = min(1, u × (main_busy × step + receive) / step)  share of time it runs
+    workers(u)     = main(u) × min(W, A·W/(W+1)) + (1 − main(u)) × min(W, A)
+                     (GIL-bound hand-over: min(W, A − main(u)))
     building(u)    = min(W, ⌈build / T⌉)                       workers building at a receive
-    busy(u)        = clamp(building(u) − (A − 1), 0, 1)
+    busy(u)        = clamp(building(u) − (A − 1), 0, 1)        no idle core at a receive
     utilisation(0) = step / (step + main_load / min(1, A) + pin)
     utilisation(W) = u solving u = min(1, workers(u) × step / build,
                                        step / (step + receive
-                                               + (1 − main_busy) × (wake + receive) × busy(u)),
+                                               + ((1 − main_busy) × wake + receive) × busy(u)),
                                        step / pin)
 
 ``building`` follows the batches' rhythm: the training process sends the next index to a
 worker when it takes a batch, so at each receive that worker starts a build, and the one sent
 an index a batch earlier is still building when a build takes longer than T. A training
-process that sleeps through the step (``main_busy`` 0; a GPU job with blocking
-synchronisation) then finds no idle core (``busy``): it waits for one when its timer fires
-(``wake``, measured on the machine by ``memcalc.host.wake_latency``: 0.3-0.8 ms on 2 cores
-here), and takes the batch sharing a core with a worker, which doubles the receive. Measured on 2 cores, two
+process then finds no idle core (``busy``) and takes the batch sharing a core with a worker,
+which doubles the receive (not where the hand-over is GIL-bound: its whole core); one that
+sleeps through the step (``main_busy`` 0; a GPU job with blocking synchronisation) first
+waits for that core when its timer fires (``wake``, measured on the machine by
+``memcalc.host.wake_latency``: 0.3-0.8 ms on 2 cores here). Measured on 2 cores, two
 workers and a sleeping step: the training process waited for a CPU 4.7-5.2 ms a batch against
 a 4.4 ms receive (3D volumes, builds longer than T), 2.3-2.8 ms against 2.4 ms (JPEG), and
 0.2-0.5 ms where builds were shorter than T (slice stacks). A spinning process never sleeps
@@ -171,7 +175,7 @@ def cpu_share(runnable: float, cpus: float) -> float:
 def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: float = 0.0, *,
                 main_busy: float = GPU_JOB_MAIN_BUSY, other_busy_cpus: float = 0.0,
                 receive_s: float = 0.0, main_load_s: float | None = None,
-                wake_wait_s: float = 0.0) -> float:
+                wake_wait_s: float = 0.0, busy_receive_s: float | None = None) -> float:
     """Share of wall time the GPU is busy with ``workers`` DataLoader workers (module text).
 
     ``load_s`` is one worker's time for one batch on a core of its own; ``other_busy_cpus``
@@ -186,15 +190,26 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
         return step_s / (step_s + build_s + pin_s)
     main_per_step = (main_busy * step_s + receive_s) / step_s
     pinning = [step_s / pin_s] if pin_s else []
-    sleeping_wait = (1 - main_busy) * (wake_wait_s + receive_s)
+    # with no idle core the receive shares one with a worker (it takes twice as long), and a
+    # sleeping main process first waits for that core
+    crowded_wait = (1 - main_busy) * wake_wait_s + receive_s
+    # the workers' cores: a fair share of them beside a runnable main process, all of them
+    # while it waits for a batch; where batches wait for a worker's GIL, what the fair share
+    # gives the workers is lost again at each receive: the training process's whole core
+    gil_bound = slow_handover_warning(receive_s, busy_receive_s) is not None
+    beside_main = min(workers, available * workers / (workers + 1))
+    alone = min(workers, available)
 
     def sustained(busy: float) -> float:
-        cores = min(workers, max(0.0, available - main_per_step * busy))
+        main_runnable = min(1.0, main_per_step * busy)
+        cores = (min(workers, max(0.0, available - main_runnable)) if gil_bound else
+                 main_runnable * beside_main + (1 - main_runnable) * alone)
         # workers building when a batch is taken: the one sent the next index, and those sent
         # one a batch (step / busy) or more earlier whose build lasts longer than that
         building = min(workers, math.ceil(busy * load_s / step_s - 1e-9)) if busy > 0 else 0
         no_idle_core = min(1.0, max(0.0, building - available + 1))
-        serial = step_s / (step_s + receive_s + sleeping_wait * no_idle_core)
+        crowded = crowded_wait - main_busy * receive_s if gil_bound else crowded_wait
+        serial = step_s / (step_s + receive_s + crowded * no_idle_core)
         return min([1.0, cores * step_s / load_s, serial, *pinning])
 
     # sustained() falls as the GPU-busy share rises (a busier main process takes more CPU,
@@ -220,7 +235,8 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
     pin_s = batch_bytes / PIN_COPY_BYTES_PER_S if pin_memory else 0.0
     needed = max(1, math.ceil(TARGET_UTILIZATION * load_s / step_s))
     table = [WorkerUtilization(num_workers=w, expected_gpu_utilization=utilization(
-        w, step_s, load_s, cpus, pin_s, receive_s=receive_s, main_load_s=main_load_s))
+        w, step_s, load_s, cpus, pin_s, receive_s=receive_s, main_load_s=main_load_s,
+        busy_receive_s=busy_receive_s))
         for w in range(max_workers + 1)]
     reaching = [row.num_workers for row in table
                 if row.expected_gpu_utilization >= TARGET_UTILIZATION]
@@ -247,9 +263,12 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
         assumptions=[
             "workers build batches in parallel, one each at a time; prefetch absorbs jitter "
             f"only; with 0 workers loading and the step alternate ({building})",
-            f"{cpus} CPUs: the training process keeps one busy while its step runs (kernel "
-            "launches, then CUDA's spin-wait synchronisation), the workers share the rest; "
-            f"{taking}; no other load on the node",
+            f"{cpus} CPUs: the training process runs through its step (kernel launches, then "
+            "CUDA's spin-wait synchronisation) and shares the cores fairly with the workers ("
+            + ("it keeps a whole core: batches wait for a busy worker's GIL"
+               if slow_handover_warning(receive_s, busy_receive_s) else
+               "a spin that loses its core does not slow the GPU")
+            + f"); {taking}; no other load on the node",
             "pin-memory copy at 8 GB/s in one thread" if pin_memory else "no pinning",
         ])
 
