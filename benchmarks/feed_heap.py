@@ -55,11 +55,12 @@ def truth(reference: str, batch: int, step_s: float) -> dict[int, float]:
     return {int(key): value for key, value in json.loads(done.stdout.splitlines()[-1]).items()}
 
 
-def _training_like_truth(reference: str, batch: int, step_s: float) -> None:
+def become_training_like():
+    """Do in this process what a training script does before its DataLoader starts: build
+    ResNet-50, run one AdamW step, free a CPU copy of its weights (as ``model.to("cuda")``
+    does). Returns the model and optimizer, which the caller keeps alive as a script does."""
     import torch
 
-    from memcalc.feed.check import measured_utilization
-    from memcalc.model.user_code import load_dataset
     from models_zoo import resnet50
 
     torch.manual_seed(0)
@@ -70,6 +71,14 @@ def _training_like_truth(reference: str, batch: int, step_s: float) -> None:
     optimizer.zero_grad(set_to_none=True)
     moved = [tensor.clone() for tensor in model.state_dict().values()]   # "to the GPU"
     del moved
+    return model, optimizer
+
+
+def _training_like_truth(reference: str, batch: int, step_s: float) -> None:
+    from memcalc.feed.check import measured_utilization
+    from memcalc.model.user_code import load_dataset
+
+    model, optimizer = become_training_like()  # alive while the loaders run, as in a script
     dataset = load_dataset(reference)
     dataset[0]
     busy = {workers: measured_utilization(dataset, batch, workers, step_s, BATCHES,

@@ -8,7 +8,14 @@ benchmarks/results-feed.md.
 It runs with glibc's two malloc thresholds set (``REUSE_ENV``; it starts itself again with them
 where they are not): workers that map their temporaries afresh for every batch otherwise take
 a time that depends on what this process allocated before starting them, 30-52 ms a batch
-for the 3D volumes (``benchmarks/feed_malloc.py``), which no probe can foresee.
+for the 3D volumes (``benchmarks/feed_malloc.py``).
+
+    python -m benchmarks.feed_kinds --as-launched
+
+runs as a job runs instead, into benchmarks/results-feed-as-launched.md: no malloc variable,
+the loaders started from a process that has first done what a training script does
+(``feed_heap.become_training_like``), and the worker measured as ``memcalc estimate
+--dataset`` measures it (forked again from a training script's heap where it churns).
 """
 
 from __future__ import annotations
@@ -28,9 +35,10 @@ from benchmarks.results import publish
 from memcalc.feed.check import CONSUMERS, feed_check
 from memcalc.feed.model import utilization
 from memcalc.host import LoaderSpec, detect_machine, measure_worker
-from memcalc.host.malloc_thresholds import reuse_env
+from memcalc.host.malloc_thresholds import churns, reuse_env
 
 RESULTS = Path(__file__).with_name("results-feed.md")
+AS_LAUNCHED_RESULTS = Path(__file__).with_name("results-feed-as-launched.md")
 PROBE_SECONDS = 8
 BATCHES = 30
 LIMIT_POINTS = 10
@@ -38,7 +46,20 @@ REUSE_ENV = reuse_env(256 << 20)
 """Above every kind's worker peak."""
 
 
-def main() -> None:
+def _probe(reference: str, batch_size: int, as_launched: bool):
+    """The worker's measurement as ``memcalc estimate --dataset`` takes it."""
+    loader = LoaderSpec(dataset=reference, probe_seconds=PROBE_SECONDS)
+    sample = measure_worker(loader, batch_size)
+    if as_launched and churns(sample):
+        sample = measure_worker(loader, batch_size, parent_heap="training")
+    return sample
+
+
+def main(as_launched: bool = False) -> None:
+    if as_launched:
+        from benchmarks.feed_heap import become_training_like
+
+        model, optimizer = become_training_like()  # alive while the loaders run
     cpus = detect_machine().cpus
     counts = list(range(cpus + 1))
     lines = ["| kind | batch | step | worker sample | main build | receive | busy receive "
@@ -47,8 +68,7 @@ def main() -> None:
              "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     misses, probe_misses, started = [], [], time.perf_counter()
     for name, case in FEED_CASES.items():
-        sample = measure_worker(LoaderSpec(dataset=case.reference, probe_seconds=PROBE_SECONDS),
-                                case.batch_size)
+        sample = _probe(case.reference, case.batch_size, as_launched)
         for consumer in CONSUMERS:
             check = feed_check(case.reference, case.batch_size, case.step_s, counts, cpus=cpus,
                                batches=BATCHES, consumer=consumer,
@@ -91,15 +111,26 @@ def main() -> None:
               "needs). Measured: simulated step time × batches over the wall "
               f"time of {BATCHES} batches after warm-up. Other load: cores other processes "
               "kept busy meanwhile (the prediction shares the CPUs with them).",
-              "", "Run with " + " and ".join(f"`{key}={value}`" for key, value in
-                                            REUSE_ENV.items())
-              + " (the probe and every loader): see benchmarks/results-malloc.md for the "
-              "same workers without them.",
+              "", _how_run(as_launched),
               "", f"Linux {platform.release()}, Python {platform.python_version()}, torch "
               f"{torch.__version__}, numpy {np.__version__}, Pillow {PIL.__version__}; "
               f"{cpus} CPUs ({platform.processor() or platform.machine()}); "
               f"{time.perf_counter() - started:.0f} s in all."]
-    publish(RESULTS, "Feeding: predicted vs measured GPU-busy share by kind of data", lines)
+    publish(AS_LAUNCHED_RESULTS if as_launched else RESULTS,
+            "Feeding: predicted vs measured GPU-busy share by kind of data"
+            + (", as a job launches its loaders" if as_launched else ""), lines)
+
+
+def _how_run(as_launched: bool) -> str:
+    if as_launched:
+        return ("Run with no MALLOC_ variable set, the loaders started from a process that had "
+                "built ResNet-50, run one AdamW step and freed a CPU copy of its weights; the "
+                "worker sample from the probe forked from a training script's heap where the "
+                "fresh one churns (as `memcalc estimate --dataset` measures it).")
+    return ("Run with " + " and ".join(f"`{key}={value}`" for key, value in REUSE_ENV.items())
+            + " (the probe and every loader): see benchmarks/results-malloc.md for the "
+            "same workers without them, and benchmarks/results-feed-as-launched.md "
+            "(`--as-launched`) for these kinds run as a job runs them.")
 
 
 def _from_the_probe(sample, case, row, cpus: int, consumer: str, wake_wait_s: float) -> float:
@@ -109,11 +140,17 @@ def _from_the_probe(sample, case, row, cpus: int, consumer: str, wake_wait_s: fl
                        main_busy=CONSUMERS[consumer].main_busy,
                        other_busy_cpus=row.other_busy_cpus,
                        receive_s=sample.receive_seconds or 0.0,
-                       main_load_s=sample.main_build_seconds, wake_wait_s=wake_wait_s)
+                       main_load_s=sample.main_build_seconds, wake_wait_s=wake_wait_s,
+                       busy_receive_s=sample.busy_receive_seconds)
 
 
 if __name__ == "__main__":
-    if any(os.environ.get(key) != value for key, value in REUSE_ENV.items()):
-        os.execve(sys.executable, [sys.executable, "-m", "benchmarks.feed_kinds"],
-                  {**os.environ, **REUSE_ENV})
-    main()
+    if sys.argv[1:] == ["--as-launched"]:
+        if any(key.startswith("MALLOC_") for key in os.environ):
+            sys.exit("--as-launched runs without MALLOC_ variables")
+        main(as_launched=True)
+    else:
+        if any(os.environ.get(key) != value for key, value in REUSE_ENV.items()):
+            os.execve(sys.executable, [sys.executable, "-m", "benchmarks.feed_kinds"],
+                      {**os.environ, **REUSE_ENV})
+        main()
