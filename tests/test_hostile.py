@@ -189,6 +189,28 @@ def test_real_memory_outside_the_trace_is_refused_and_named(model, words):
     assert any(words in line for line in report.unsupported), report.unsupported
 
 
+@pytest.mark.parametrize("model, words", [
+    ("numpy_in_forward", "asked numpy for a real 1,610,612,736-byte buffer"),
+    ("leaves_fake_mode", "would make a real 3,221,225,472-byte tensor"),
+])
+def test_real_memory_made_in_forward_is_refused_before_it_is_taken(model, words):
+    """A forward filling a 1.5 GiB numpy array, or a 3 GiB torch tensor outside the fake
+    mode: static with the reason, and the process never held 1 GiB (VmHWM: the high-water
+    mark of this process's own memory; the layer table's forward on meta is guarded too)."""
+    code = ("import re; from pathlib import Path; from memcalc.pipeline import estimate; "
+            "from memcalc.specs import TrainingSpec; "
+            f"r = estimate(TrainingSpec(model='tests.fixtures.hostile:{model}', "
+            "sample_shape=(8,), batch_size=2, optimizer='sgd')); "
+            "print(r.device.method); print(r.unsupported); print(int(re.search("
+            "r'VmHWM:\\s+(\\d+) kB', Path('/proc/self/status').read_text())[1]) * 1024)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    method, unsupported, peak_rss = done.stdout.splitlines()[-3:]
+    assert method == "static", done.stdout + done.stderr[-2000:]
+    assert words in unsupported
+    assert int(peak_rss) < 1 << 30
+
+
 def test_impossible_gpu_counts_are_refused():
     result = memcalc("plan", "--model", "tests.fixtures.hostile:tiny", *SPEC, "--gpu", "T4",
                      "--gpus", "99999999999999999999")

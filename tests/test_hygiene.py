@@ -21,6 +21,11 @@ import warnings
 
 import numpy as np
 import pytest
+
+try:
+    from numpy._core.multiarray import get_handler_name   # numpy 2
+except ImportError:
+    from numpy.core.multiarray import get_handler_name    # numpy 1
 import torch
 from torch import nn
 
@@ -77,6 +82,7 @@ def snapshot() -> dict:
         "anomaly": torch.is_anomaly_enabled(),
         "torch rng": hashlib.sha1(torch.get_rng_state().numpy().tobytes()).hexdigest(),
         "numpy rng": hashlib.sha1(repr(np.random.get_state()).encode()).hexdigest(),
+        "numpy allocator": get_handler_name(),
         "python rng": hash(random.getstate()),
         "module methods": {name: getattr(nn.Module, name) for name in MODULE_METHODS},
         "start method": multiprocessing.get_start_method(allow_none=True),

@@ -12,6 +12,8 @@ from memcalc.model.user_hooks import hooks_set_aside, user_hooks
 from memcalc.device.report import LayerRow, StaticEstimate
 from memcalc.dtypes import element_size
 from memcalc.model.inputs import ModelInputs, make_call, tensors_in
+from memcalc.trace._torch_internals import RealAllocationGuard
+from memcalc.trace.numpy_limit import numpy_buffer_limit
 from memcalc.trace.optimizers import OptimizerRule
 from memcalc.trace.precision import PrecisionPolicy
 
@@ -64,7 +66,13 @@ def layer_table(model: nn.Module, inputs: ModelInputs
     """
     with torch.device("meta"):
         call = make_call(model, inputs, 1)
-    args, kwargs = list(call.args), call.kwargs
+    # the forward runs for real here, on meta tensors: real memory it takes is refused
+    with numpy_buffer_limit(), RealAllocationGuard():
+        return _table(model, list(call.args), call.kwargs)
+
+
+def _table(model: nn.Module, args: list, kwargs: dict
+           ) -> tuple[list[LayerRow], int | None, str | None]:
     try:
         summary = _summary(model, args, kwargs)
     except (Exception, SystemExit) as error:  # torchinfo runs user code: a failure drops it

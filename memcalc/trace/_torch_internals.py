@@ -445,6 +445,29 @@ def _refuse_before_real_allocation(func, args, kwargs) -> None:
                     "creates tensors outside the fake mode")
 
 
+class RealAllocationGuard(TorchDispatchMode):
+    """A forward run for real on meta tensors (torchinfo's layer table): an op that would
+    make a real tensor over ``REAL_ALLOCATION_LIMIT_BYTES`` (a model leaving the meta world
+    with ``torch.zeros(n)`` on the CPU) is refused before a byte is taken."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if _wrapper_subclass(types):
+            return NotImplemented
+        if func not in METADATA_OPS and _may_allocate_real(args, kwargs):
+            _refuse_before_real_allocation(func, args, kwargs)
+        return func(*args, **(kwargs or {}))
+
+
+def _may_allocate_real(args, kwargs) -> bool:
+    """An op can make a real tensor when a real tensor or a device reaches it, or no tensor
+    does (a factory: ``zeros``, ``arange``…); ops on meta tensors alone cannot."""
+    values = list(_op_values((*args, *(kwargs or {}).values())))
+    tensors = [value for value in values if isinstance(value, torch.Tensor)]
+    return (not tensors or any(_is_real(tensor) for tensor in tensors)
+            or any(isinstance(value, torch.device) and value.type != "meta"
+                   for value in values))
+
+
 def _refuse_real_allocation(func, tensor: torch.Tensor) -> None:
     if isinstance(tensor, FakeTensor) or tensor.device.type == "meta":
         return

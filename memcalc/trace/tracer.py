@@ -21,6 +21,7 @@ from torch import nn
 from memcalc.trace._torch_internals import (
     FAKE_TENSOR_FAILURES,
     UNSUPPORTED_OPERATOR,
+    REAL_ALLOCATION_LIMIT_BYTES,
     RealAllocationError,
     StorageWatcher,
     fake_cpu_mode,
@@ -35,6 +36,7 @@ from memcalc.distributed.parallelize import job_optimizer, local_optimizer
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
+from memcalc.trace.numpy_limit import numpy_buffer_limit
 from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError, at_user_frame, first_line
 from memcalc.model.inputs import InputTensor, ModelCall, ModelInputs, make_call
@@ -199,14 +201,23 @@ def _traced(setup: StepSetup, replay: bool) -> TraceResult:
 
 def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
     meta_model = setup.build_meta_model()
+    refused_numpy: list[int] = []
     try:
         with (DeferredInterrupts() as interrupts, quiet_fake_tensor_logger(),
+              numpy_buffer_limit() as refused_numpy,
               rank_of(setup.parallel, rank) as mesh, fake_cpu_mode()):
             return _trace(setup, meta_model, replay, mesh, interrupts.check)
     except (MemcalcError, ReplayMismatch):
         raise
     except RealAllocationError as error:
         raise TraceError(f"refused: {error}") from error
+    except MemoryError as error:
+        if not refused_numpy:
+            raise
+        raise TraceError(
+            f"refused: the model asked numpy for a real {refused_numpy[-1]:,}-byte buffer while "
+            f"tracing (limit {REAL_ALLOCATION_LIMIT_BYTES:,}): memory the trace cannot count; "
+            f"make it a torch tensor in forward{at_user_frame(error)}") from error
     except UNSUPPORTED_OPERATOR as error:
         raise TraceError(f"op {first_line(error)} has no fake kernel (a custom or extension "
                          "op; register one with torch.library.register_fake)") from error
