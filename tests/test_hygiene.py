@@ -251,3 +251,55 @@ def test_the_first_import_and_call_in_a_fresh_process_leave_env_and_warnings_alo
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split("\n")[-2] == "[] 0 True"
+
+
+KERNEL_CELLS = [
+    "%matplotlib inline",
+    "import sys, memcalc\n"
+    "from tests.test_hygiene import TINY, snapshot, _differences\n"
+    "memcalc.plot(memcalc.estimate('mlp', (32,), **TINY))   # torch's lazy imports, once",
+    "import matplotlib, IPython\n"
+    "shell = IPython.get_ipython()\n"
+    "def kernel_state():\n"
+    "    return {**snapshot(), 'backend': matplotlib.get_backend(),\n"
+    "            'displayhook': sys.displayhook, 'excepthook': sys.excepthook,\n"
+    "            'formatters': dict(shell.display_formatter.formatters['text/html'].type_printers),\n"
+    "            'user names': sorted(name for name in shell.user_ns if not name.startswith('_'))}\n"
+    "before = kernel_state()",
+    "report = memcalc.estimate('mlp', (32,), batch_size=2, gpu='T4', model_args=TINY['model_args'])\n"
+    "report",
+    "memcalc.plot(report)",
+    "memcalc.plan('mlp', (32,), gpu='T4', gpus=2, max_gpus=2, model_args=TINY['model_args'])",
+    "memcalc.check('mlp', (32,), batch_size=2, gpu='T4', model_args=TINY['model_args'])",
+    "after = kernel_state()\n"
+    "changed = _differences(before, after)\n"
+    "changed.pop('user names', None)   # report, the cells' own names\n"
+    "added = set(after['formatters']) - set(before['formatters'])\n"
+    "if all(kind.__module__.startswith('memcalc.') for kind in added)"
+    " and before['formatters'].items() <= after['formatters'].items():\n"
+    "    changed.pop('formatters', None)   # displaying a plan registers its renderer\n"
+    "print('KERNEL DIFFERENCES', sorted(changed), changed)",
+]
+
+
+@pytest.mark.slow
+def test_a_notebook_kernel_is_left_as_it_was():
+    """Estimate, display, plot, plan and check in a real IPython kernel (ipykernel through
+    nbclient), the inline backend on: the kernel's backend, display and exception hooks and
+    everything ``snapshot`` holds are as before; the first display may register memcalc's HTML
+    formatters, which is what displaying asks for. A first plot comes before the snapshot:
+    showing its PNG starts pyzmq's garbage-collector thread (large messages are sent without
+    a copy) and matplotlib's font cache, the kernel's and matplotlib's own for any figure."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)
+                                               for source in KERNEL_CELLS])
+    NotebookClient(notebook, timeout=300, kernel_name="python3",
+                   resources={"metadata": {"path": root}}).execute()
+    printed = "".join(output.get("text", "") for output in notebook.cells[-1].outputs)
+    assert "KERNEL DIFFERENCES [] {}" in printed, printed
+    shown = notebook.cells[3].outputs[0]["data"]
+    assert "text/html" in shown
+    assert any("image/png" in output.get("data", {}) for output in notebook.cells[4].outputs)
