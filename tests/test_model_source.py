@@ -49,6 +49,34 @@ def test_a_model_object_is_not_kept_alive_after_the_call():
         estimate(report.spec)
 
 
+def test_the_same_object_in_overlapping_calls_stays_until_the_last_one_ends():
+    """Two threads with the same model: the one that ends first does not take the object
+    from the other ("passed to an earlier call and is not kept")."""
+    import threading
+
+    from memcalc.model.source import model_reference
+
+    model = torch.nn.Linear(4, 2)
+    second_in, first_out = threading.Event(), threading.Event()
+    seen = []
+
+    def second_call():
+        with model_reference(model) as name:
+            second_in.set()
+            first_out.wait()                                  # the first call has ended
+            seen.append(resolve_model(name).build_meta())
+
+    with model_reference(model) as name:
+        thread = threading.Thread(target=second_call)
+        thread.start()
+        second_in.wait()
+    first_out.set()
+    thread.join()
+    assert [type(twin) for twin in seen] == [torch.nn.Linear]
+    with pytest.raises(ModelSourceError, match="passed to an earlier call"):
+        resolve_model(name)                                   # both ended: let go
+
+
 def test_a_factory_returning_the_callers_model_leaves_its_weights_where_they_are():
     """``memcalc.estimate(lambda: model)``: the model the caller built is copied to meta for
     the trace, never moved (its weights were on meta after the call)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,7 +113,10 @@ def _refused_arguments(error: Exception) -> bool:
 
 
 _OBJECTS: dict[str, Any] = {}
-"""Models passed to the library as objects, held only while the call that got them runs."""
+"""Models passed to the library as objects, held only while a call that got them runs."""
+_CALLS_HOLDING: dict[str, int] = {}
+"""How many running calls (nested, or in other threads) hold each of ``_OBJECTS``."""
+_HOLDING = threading.Lock()
 OBJECT_PREFIX = "object:"
 
 
@@ -128,13 +132,16 @@ def model_reference(model: str | nn.Module | Callable[..., nn.Module]) -> Iterat
     kind = (type(getattr(model, "_orig_mod", model)).__name__ if isinstance(model, nn.Module)
             else getattr(model, "__qualname__", type(model).__name__))
     name = f"{OBJECT_PREFIX}{kind}@{id(model):x}"
-    owner = name not in _OBJECTS    # a nested call with the same object leaves it to the outer
-    _OBJECTS[name] = model
+    with _HOLDING:       # the same object in nested or concurrent calls: the last one lets go
+        _OBJECTS[name] = model
+        _CALLS_HOLDING[name] = _CALLS_HOLDING.get(name, 0) + 1
     try:
         yield name
     finally:
-        if owner:
-            _OBJECTS.pop(name, None)
+        with _HOLDING:
+            _CALLS_HOLDING[name] -= 1
+            if not _CALLS_HOLDING[name]:
+                del _CALLS_HOLDING[name], _OBJECTS[name]
 
 
 def display_name(name: str) -> str:
