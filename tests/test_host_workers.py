@@ -173,6 +173,19 @@ def test_more_workers_than_cpus_is_rejected():
         seed(num_workers=65)
 
 
+def test_more_workers_than_a_detected_machines_cpus_is_a_warning_not_a_refusal():
+    """The machine memcalc runs on is often a login node: a GPU-memory answer does not fail
+    on its CPU count; the host plan is made as asked and says so."""
+    login = MachineSpec(cpus=2, ram_bytes=16 * GIB, source="detected")
+    spec = HostSpec(sample_shape=(3, 64, 64), batch_size=8, cuda=True,
+                    loader=LoaderSpec(num_workers=8), machine=login)
+    report = host_estimate(spec)
+    assert any("num_workers 8 is more than this machine's 2 CPUs" in w for w in report.warnings)
+    with pytest.raises(ValidationError, match="more than the 2 CPUs"):   # a node given
+        HostSpec(sample_shape=(3, 64, 64), batch_size=8, loader=LoaderSpec(num_workers=8),
+                 machine=MachineSpec(cpus=2, ram_bytes=16 * GIB))
+
+
 def test_sizes_are_exact_for_every_dtype():
     for dtype, size in (("uint8", 1), ("float16", 2), ("float64", 8)):
         spec = HostSpec(sample_shape=(7, 9), batch_size=3, cuda=False,

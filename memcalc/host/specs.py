@@ -92,9 +92,12 @@ class MachineSpec(BaseModel):
 
 
 def check_workers_within_cpus(loader: LoaderSpec, machine: MachineSpec | None) -> None:
-    """ValueError (a pydantic validation error in a spec) when more workers than CPUs are asked."""
+    """ValueError (a pydantic validation error in a spec) when more workers than CPUs are
+    asked of a machine given; one detected here (often a login node, not the training node)
+    gets the host plan's warning instead, so a GPU-memory answer never fails on its CPUs."""
     workers = loader.num_workers
-    if machine is not None and workers is not None and workers > machine.cpus:
+    if (machine is not None and workers is not None and workers > machine.cpus
+            and not machine.source.startswith("detected")):
         raise ValueError(f"num_workers {workers} (--num-workers) is more than the "
                          f"{machine.cpus} CPUs of the machine; use at most that many, or "
                          "describe the training node (--cpus; machine={'cpus': N} in Python)")

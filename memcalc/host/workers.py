@@ -260,6 +260,10 @@ def _warnings(spec: HostSpec, sample: int, measurement: WorkerMeasurement | None
     warnings = []
     machine = spec.machine
     if "detected" in machine.source:
+        workers = spec.loader.num_workers
+        if workers is not None and workers > machine.cpus:
+            warnings.append(f"num_workers {workers} is more than this machine's {machine.cpus} "
+                            "CPUs: planned as asked, for a training node that has them")
         warnings.append(
             f"the host plan is for this machine ({machine.cpus} CPUs, "
             f"{format_bytes(machine.limit_bytes)}, {machine.source}), often a login node, not "
