@@ -14,7 +14,7 @@ from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candida
 from memcalc.strategies.crop import largest_fitting_sample
 from memcalc.strategies.launch import slurm_header, torchrun_command
 from memcalc.strategies.rank_candidates import Screened, trace_ranks
-from memcalc.strategies.ranking import rank_key
+from memcalc.strategies.ranking import TIE_SHARE, rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.rules import (
     MIXED_PRECISIONS,
@@ -222,11 +222,17 @@ def _reason(chosen: Candidate | None, ranked: list[Candidate], cluster: ClusterS
     samples = "sample" if chosen.max_batch_size == 1 else "samples"
     holder = ("GPU" if chosen.spatial_parts == 1 else
               f"group of {chosen.spatial_parts} GPUs (each GPU a 1/{chosen.spatial_parts} slab)")
+    # as fast within the tie share (the same key up to the speed's rung), faster still
+    tied = [c for c in fitting if c.samples_per_s > chosen.samples_per_s
+            and rank_key(c, cluster)[:4] == rank_key(chosen, cluster)[:4]]
+    fastest = ("the fastest" if not tied else
+               f"the simplest of the fastest (within {TIE_SHARE:.0%}: {tied[0].label}, "
+               f"{tied[0].samples_per_s:,.1f} samples/s)")
     reason = (f"{chosen.label}: {chosen.max_batch_size} {samples} per {holder} fit "
               f"({format_bytes(chosen.per_gpu_peak_bytes)} of {format_bytes(usable)} usable), "
               f"{chosen.samples_per_s:,.1f} samples/s {where}; " + (
-                  f"the fastest on the fewest GPUs of the {len(fitting)} candidates that fit"
-                  if beyond else f"the fastest of the {sum(c.gpus <= cluster.gpus for c in fitting)}"
+                  f"{fastest} on the fewest GPUs of the {len(fitting)} candidates that fit"
+                  if beyond else f"{fastest} of the {sum(c.gpus <= cluster.gpus for c in fitting)}"
                   " candidates that fit on them"))
     if chosen.method.startswith("derived"):
         reason += "; its row is a closed form (no rank of it was traced)"

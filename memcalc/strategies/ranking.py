@@ -2,21 +2,50 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
+
+from memcalc.strategies.specs import Strategy
 
 if TYPE_CHECKING:
     from memcalc.strategies.report import Candidate
     from memcalc.strategies.specs import ClusterSpec
 
+TIE_SHARE = 0.01
+"""Throughputs on the same rung of a 1 % geometric ladder are a tie (the step-time model is
+not finer than that): the simpler strategy goes first."""
+LAYOUT_STEPS = {Strategy.DDP: 1, Strategy.ZERO1: 2, Strategy.ZERO2: 3, Strategy.FSDP: 4,
+                Strategy.DATA_PARALLEL: 5, Strategy.PIPELINE: 5, Strategy.SPATIAL: 6}
+"""How far a layout is from one GPU's plain step (DDP the plainest; ZeRO and FSDP shard
+more; legacy DataParallel, pipelines and spatial splits ask most of the training script)."""
+LEVERS = ("mixed-precision", "checkpointing", "offload", "compile", "accumulation")
+
 
 def rank_key(candidate: Candidate, cluster: ClusterSpec) -> tuple:
-    """Fitting first; on the GPUs given, fastest first; beyond them, fewest GPUs first."""
-    return _key(candidate.fits, candidate.gpus, candidate.samples_per_s, cluster)
+    """Fitting first; on the GPUs given, fastest first (a tie to the simpler); beyond them,
+    fewest GPUs first."""
+    return _key(candidate.fits, candidate.gpus, candidate.samples_per_s, cluster,
+                simplicity(candidate))
 
 
-def _key(fits: bool, gpus: int, samples_per_s: float, cluster: ClusterSpec) -> tuple:
+def simplicity(candidate: Candidate) -> int:
+    """The layout's steps from one GPU plus one per lever in the label (0: one GPU, plain)."""
+    return (LAYOUT_STEPS.get(candidate.strategy, 0)
+            + sum(lever in candidate.label for lever in LEVERS))
+
+
+def speed_rung(samples_per_s: float) -> float:
+    """The rung of the 1 % ladder ``samples_per_s`` stands on (equal rungs: a tie)."""
+    return math.floor(math.log(samples_per_s) / math.log1p(TIE_SHARE)) if samples_per_s > 0 \
+        else -math.inf
+
+
+def _key(fits: bool, gpus: int, samples_per_s: float, cluster: ClusterSpec,
+         simplest: int = 0) -> tuple:
+    """``simplest`` 0 (the default) makes the best key any candidate of that speed can have."""
     beyond = gpus > cluster.gpus
-    return (not fits, beyond, gpus if beyond else 0, -samples_per_s)
+    return (not fits, beyond, gpus if beyond else 0, -speed_rung(samples_per_s), simplest,
+            -samples_per_s)
 
 
 def samples_per_gpu(candidate: Candidate) -> float:
