@@ -259,7 +259,8 @@ def _problems(report: Report) -> list[str]:
         problems.append(f"validation needs {format_bytes(validation_host.peak_bytes)} of host "
                         f"RAM at {counted(validation_host.num_workers, 'DataLoader worker')}, "
                         f"{format_bytes(validation_host.usable_bytes)} usable")
-    if host is not None and not host.fits:
+    # a machine detected here is often a login node: its host plan warns, it does not fail
+    if host is not None and not host.fits and not host.spec.machine.detected:
         problems.append(f"{counted(host.num_workers, 'DataLoader worker')} need "
                         f"{format_bytes(host.peak_bytes)} of host RAM, "
                         f"{format_bytes(host.usable_bytes)} usable (at most "

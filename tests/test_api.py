@@ -62,6 +62,20 @@ def test_check_raises_when_the_workers_do_not_fit_the_host():
                       machine={"cpus": 8, "ram_bytes": 4 << 30})
 
 
+def test_a_login_nodes_host_plan_warns_and_does_not_fail_a_gpu_check():
+    """A machine detected here (not given) is often a login node: its host RAM and CPUs are a
+    warning on the first line, not a failed check."""
+    from memcalc.render.terminal import fits_summary
+
+    report = memcalc.check("resnet3d", (3, 256, 256, 256), batch_size=1, gpu="A100-80GB",
+                           model_args={"depth": 10}, num_workers=8,
+                           machine={"cpus": 2, "ram_bytes": 4 << 30, "source": "detected"})
+    assert not report.host.fits
+    line = fits_summary(report)
+    assert line.startswith("FITS: batch 1") and "WARNING: this machine's, 2 CPUs" in line
+    assert "--cpus and --ram" in line
+
+
 def test_check_needs_a_capacity():
     with pytest.raises(InputError, match="check needs a capacity"):
         memcalc.check("mlp", (64,), batch_size=2)

@@ -6,6 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memcalc.units import format_bytes
+
 _FROZEN = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
@@ -84,6 +86,15 @@ class MachineSpec(BaseModel):
         return data
 
     @property
+    def detected(self) -> bool:
+        """The figures are this machine's (often a login node), not a training node given."""
+        return self.source.startswith("detected")
+
+    def described(self) -> str:
+        """``2 CPUs, 23.54 GiB, detected``."""
+        return f"{self.cpus} CPUs, {format_bytes(self.limit_bytes)}, {self.source}"
+
+    @property
     def limit_bytes(self) -> int:
         """RAM the job may use: physical RAM, capped by the per-CPU allocation."""
         if self.mem_per_cpu_bytes is None:
@@ -97,7 +108,7 @@ def check_workers_within_cpus(loader: LoaderSpec, machine: MachineSpec | None) -
     gets the host plan's warning instead, so a GPU-memory answer never fails on its CPUs."""
     workers = loader.num_workers
     if (machine is not None and workers is not None and workers > machine.cpus
-            and not machine.source.startswith("detected")):
+            and not machine.detected):
         raise ValueError(f"num_workers {workers} (--num-workers) is more than the "
                          f"{machine.cpus} CPUs of the machine; use at most that many, or "
                          "describe the training node (--cpus; machine={'cpus': N} in Python)")

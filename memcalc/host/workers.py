@@ -259,14 +259,13 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None,
 def _warnings(spec: HostSpec, sample: int, measurement: WorkerMeasurement | None) -> list[str]:
     warnings = []
     machine = spec.machine
-    if "detected" in machine.source:
+    if machine.detected:
         workers = spec.loader.num_workers
         if workers is not None and workers > machine.cpus:
             warnings.append(f"num_workers {workers} is more than this machine's {machine.cpus} "
                             "CPUs: planned as asked, for a training node that has them")
         warnings.append(
-            f"the host plan is for this machine ({machine.cpus} CPUs, "
-            f"{format_bytes(machine.limit_bytes)}, {machine.source}), often a login node, not "
+            f"the host plan is for this machine ({machine.described()}), often a login node, not "
             "the training node: give the training node's --cpus, --ram and --shm (or "
             "--mem-per-cpu, as in its SLURM allocation)")
     at_risk = MMAP_THRESHOLD_MIN_BYTES < sample <= MMAP_THRESHOLD_MAX_BYTES

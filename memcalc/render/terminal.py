@@ -206,6 +206,9 @@ def fits_summary(report: Report) -> str:
     """One line for a check that passed: the GPU and host RAM needed and usable."""
     device, host, parallel = report.device, report.host, report.spec.parallel
     rank = parallel.per_gpu() if parallel else ""
+    machine = host.spec.machine
+    where = (f" (WARNING: this machine's, {machine.described()}, not the training node's: "
+             "give --cpus and --ram)" if machine.detected else "")
     return (f"FITS: batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} of "
             f"{format_bytes(device.plan.usable_bytes)} usable; {counted(host.num_workers, 'worker')} need "
-            f"{format_bytes(host.peak_bytes)} of host RAM")
+            f"{format_bytes(host.peak_bytes)} of host RAM{where}")

@@ -52,17 +52,25 @@ def slurm_header(candidate: Candidate, cluster: ClusterSpec, host: HostReport | 
         share = per_process_host(host, per_node)
         cpus_per_process = int(share.sbatch[0].split("=", 1)[1])
         mem_per_cpu = share.sbatch[1].split("=", 1)[1]
-        node_cpus = host.spec.machine.cpus
+        machine = host.spec.machine
+        node_cpus = machine.cpus
         wanted = per_node * cpus_per_process
+        if machine.detected:
+            lines.append(f"# WARNING: sized on this machine ({machine.described()}), often a "
+                         "login node: give the training node's --cpus and --ram (or "
+                         "--mem-per-cpu)")
         lines += [f"#SBATCH --cpus-per-task={min(wanted, node_cpus)}",
                   f"#SBATCH --mem-per-cpu={mem_per_cpu}",
                   f"# {counted(share.recommended_num_workers, 'DataLoader worker')} per GPU "
                   f"process, {counted(per_node, 'process', 'processes')} per node sharing its "
                   f"{node_cpus} CPUs and RAM (host plan)"]
         if wanted > node_cpus:
-            lines.append(f"# DOES NOT FIT: {counted(per_node, 'process', 'processes')} need "
+            lines.append(f"# {'' if machine.detected else 'DOES NOT FIT: '}"
+                         f"{counted(per_node, 'process', 'processes')} need "
                          f"{wanted} CPUs ({cpus_per_process} each, for their workers and for "
-                         f"memory at {mem_per_cpu} per CPU); the node has {node_cpus}")
+                         f"memory at {mem_per_cpu} per CPU); "
+                         + ("this machine has " if machine.detected else "the node has ")
+                         + str(node_cpus))
     lines += ["export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
               "srun " + torchrun_command(candidate, cluster, script)]
     return lines
