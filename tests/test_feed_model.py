@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+from memcalc.device.speed import HOST_SECONDS_PER_OP
 from memcalc.feed.model import feeding_report, utilization
 from memcalc.device.gpus import find_gpu
 from memcalc.model.source import resolve_model
@@ -147,7 +148,14 @@ def test_cifar_on_two_cpus_is_cpu_bound():
     a100, (convolution, linear) = find_gpu("A100-80GB"), _training_flops_closed_form(128)
     # convolutions on TF32 tensor cores (cuDNN's default), the classifier's matmul in fp32
     seconds = (convolution / (a100.tf32_tflops * 1e12) + linear / (a100.fp32_tflops * 1e12)) / 0.4
-    assert throughput.step_time_s == pytest.approx(seconds)
+    # ...but the host launches the step's ops no faster than 25 µs each: at least one op per
+    # convolution, batch norm and ReLU in forward and one more in backward
+    ops = report.device.flops.kernels
+    layers = sum(isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.ReLU))
+                 for m in resolve_model("resnet50", {"num_classes": 10}).build_meta().modules())
+    assert ops >= 2 * layers and ops * HOST_SECONDS_PER_OP > 10 * seconds
+    assert throughput.step_time_s == pytest.approx(ops * HOST_SECONDS_PER_OP)
+    assert "ops launched by the host" in throughput.step_time_source
     assert throughput.batch_load_time_s == pytest.approx(128 * 0.002)
     assert throughput.bound == "cpu" and throughput.num_workers == 2
     assert throughput.expected_gpu_utilization < 0.2

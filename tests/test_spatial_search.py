@@ -20,7 +20,7 @@ from tests.fixtures.planner_cases import halo_net_spec
 CLUSTER = ClusterSpec(rank_traces=0)     # the spatial rows' pruning, not the ranks
 
 
-@pytest.fixture(scope="module", params=[0.3, 0.4, 0.6])
+@pytest.fixture(scope="module", params=[0.3, 0.4, 0.5])
 def plans(request):
     """The same job planned with and without pruning, and how many reports each made."""
     spec, plans, made = halo_net_spec(request.param), {}, {}

@@ -28,3 +28,15 @@ def test_a_mixed_step_adds_the_time_of_each_part():
 def test_cards_without_tf32_keep_the_fp32_peak():
     v100 = find_gpu("V100-16GB")
     assert peak_flops(v100, Precision.FP32, 1.0)[0] == v100.fp32_tflops * 1e12
+
+
+def test_a_step_takes_no_less_than_the_host_launching_its_ops():
+    from memcalc.device.speed import HOST_SECONDS_PER_OP, step_seconds
+
+    # 1 TFLOP at 40 % of the A100's fp32 peak is 128 ms; 1,000 ops launch in 25 ms
+    flops = 1e12
+    at_mfu = compute_seconds(flops, A100, Precision.FP32, 0.4)
+    assert step_seconds(flops, 1000, A100, Precision.FP32, 0.4) == pytest.approx(at_mfu)
+    # a small step is paced by its launches whatever the card (ResNet-50 on CIFAR: ~400 ops)
+    assert step_seconds(1e9, 1000, A100, Precision.FP32, 0.4) == pytest.approx(
+        1000 * HOST_SECONDS_PER_OP)

@@ -1,4 +1,5 @@
-"""How long FLOPs take on a catalog GPU: peak rate for the precision × utilisation (MFU)."""
+"""How long a training step takes on a catalog GPU: its FLOPs at the peak rate for the
+precision × utilisation (MFU), but never less than the host's time to launch its ops."""
 
 from __future__ import annotations
 
@@ -30,3 +31,23 @@ def compute_seconds(flops: float, gpu: GpuSpec, precision: Precision, mfu: float
                     convolution_fraction: float = 0.0, cudnn_tf32: bool = True) -> float:
     rate = peak_flops(gpu, precision, convolution_fraction, cudnn_tf32)[0]
     return flops / (rate * mfu)
+
+
+HOST_SECONDS_PER_OP = 25e-6
+"""Host time per ATen op an eager step launches (Python, the dispatcher, autograd): the
+GPU cannot run a step faster than the host issues it. Measured on the H100 host of
+benchmarks/gpu_data/h100-steps.json (16-core VM, torch 2.11): 26-41 µs per traced op in the
+steps that the host paced (ResNet-50, ConvNeXt, ViT-B/16, GPT-2 at small batches); the
+smallest is taken, as a floor. A faster or slower host CPU moves it."""
+
+
+def launch_floor_seconds(ops: int) -> float:
+    """The least time a step of ``ops`` traced ops takes: the host launching them."""
+    return ops * HOST_SECONDS_PER_OP
+
+
+def step_seconds(flops: float, ops: int, gpu: GpuSpec, precision: Precision, mfu: float,
+                 convolution_fraction: float = 0.0, cudnn_tf32: bool = True) -> float:
+    """The step's FLOPs at ``mfu`` of the peak, or its ops' launch time if that is longer."""
+    return max(compute_seconds(flops, gpu, precision, mfu, convolution_fraction, cudnn_tf32),
+               launch_floor_seconds(ops))

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import DeviceReport, StaticEstimate
-from memcalc.device.speed import compute_seconds, peak_flops
+from memcalc.device.speed import (HOST_SECONDS_PER_OP, compute_seconds,
+                                  launch_floor_seconds, peak_flops)
 from memcalc.feed.model import HeapStates, ThroughputReport, feeding_report
 from memcalc.host import HostSpec, WorkerMeasurement, detect_machine, host_estimate
 from memcalc.host.malloc_thresholds import churns, declined, malloc_advice, malloc_fix
@@ -164,9 +165,16 @@ def _step_time(inputs: HostInputs) -> tuple[float, str] | None:
         return None
     seconds = compute_seconds(flops.total, gpu, spec.precision, spec.feed.mfu,
                               flops.convolution_fraction, spec.cudnn_tf32)
-    rate = peak_flops(gpu, spec.precision, flops.convolution_fraction, spec.cudnn_tf32)[1]
-    return seconds, (f"{flops.total:.3g} FLOPs on {gpu.name} at {spec.feed.mfu:.0%} of its "
-                     f"{rate} peak (--mfu)")
+    rate, rate_name = peak_flops(gpu, spec.precision, flops.convolution_fraction,
+                                 spec.cudnn_tf32)
+    at_mfu = (f"{flops.total:.3g} FLOPs on {gpu.name} at {spec.feed.mfu:.0%} of its "
+              f"{rate_name} peak (--mfu)")
+    launches = launch_floor_seconds(flops.kernels)
+    if launches <= seconds:
+        return seconds, at_mfu
+    return launches, (f"{flops.kernels} ops launched by the host at "
+                      f"{HOST_SECONDS_PER_OP * 1e6:.0f} µs each (eager PyTorch; MFU "
+                      f"{flops.total / (launches * rate):.0%}), longer than {at_mfu}")
 
 
 def _batch_load_time(inputs: HostInputs, batch_bytes: int) -> tuple[float, str] | None:

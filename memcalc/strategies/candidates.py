@@ -200,7 +200,10 @@ def scheduled_candidate(rule: DerivedRule, base: TracedVariant, *, gpus: int, da
     micro = max(batching.micro, 1)
     # a base traced per GPU computes its share of the same samples on every GPU
     flops = base.flops_per_sample * micro * steps * (gpus if rule.traced_per_gpu else data_ranks)
-    compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu), steps, gpus)
+    # each GPU launches every op of its steps (a pipeline stage: its share of them)
+    launched = steps * (1 if rule.traced_per_gpu else data_ranks / gpus)
+    compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu, launched),
+                               steps, gpus)
     bandwidth = bandwidth_bytes_per_s(cluster, gpus)
     halo_per_sample = device.halo_exchange_bytes / max(device.batch_size, 1)
     communication = (rule.communication_s(states, gpus, bandwidth)

@@ -14,6 +14,7 @@ from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candida
 from memcalc.strategies.crop import largest_fitting_sample
 from memcalc.strategies.launch import slurm_header, torchrun_command
 from memcalc.strategies.rank_candidates import Screened, trace_ranks
+from memcalc.device.speed import HOST_SECONDS_PER_OP
 from memcalc.strategies.ranking import TIE_SHARE, rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.rules import (
@@ -272,7 +273,9 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
         f"checkpointing wraps {len(blocks)} repeated blocks"
         + (f" ({blocks[0]} … {blocks[-1]})" if blocks else " (none found: not applicable)"),
         f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "
-        f"(catalog peak for the precision × MFU {cluster.mfu:.0%}); communication not overlapped",
+        f"(catalog peak for the precision × MFU {cluster.mfu:.0%}), and no less than the host's "
+        f"time to launch the step's ops ({HOST_SECONDS_PER_OP * 1e6:.0f} µs each, eager); "
+        "communication not overlapped",
         "traced ranks: ZeRO-1 = DDP with ZeroRedundancyOptimizer, ZeRO-2 and FSDP = FSDP2's "
         "fully_shard per repeated block plus the root (ZeRO-2 without resharding after "
         "forward; mixed precision as its MixedPrecisionPolicy(param_dtype=bfloat16 or float16, "

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memcalc.device.gpus import GpuSpec
-from memcalc.device.speed import compute_seconds
+from memcalc.device.speed import compute_seconds, launch_floor_seconds
 from memcalc.errors import TraceError
 from memcalc.specs import Precision, TrainingSpec
 
@@ -54,11 +54,16 @@ class TracedVariant:
     report: Report
     flops_per_sample: float
     convolution_fraction: float = 0.0
+    ops_per_step: int = 0
+    """ATen ops one step launches (forward, loss, backward), whatever its batch."""
 
-    def compute_seconds(self, flops: float, gpu: GpuSpec, mfu: float) -> float:
-        """Seconds of ``flops`` on ``gpu`` at this variant's precision and convolution share."""
-        return compute_seconds(flops, gpu, self.spec.precision, mfu, self.convolution_fraction,
-                               self.spec.cudnn_tf32)
+    def compute_seconds(self, flops: float, gpu: GpuSpec, mfu: float,
+                        launched_steps: float = 1.0) -> float:
+        """Seconds of ``flops`` on ``gpu`` at this variant's precision and convolution share,
+        and no less than the host takes to launch ``launched_steps`` steps' ops."""
+        return max(compute_seconds(flops, gpu, self.spec.precision, mfu,
+                                   self.convolution_fraction, self.spec.cudnn_tf32),
+                   launch_floor_seconds(round(self.ops_per_step * launched_steps)))
 
     @property
     def strategy(self) -> Strategy:
@@ -84,12 +89,13 @@ def traced_variant(rule: TracedRule, spec: TrainingSpec,
     device = report.device
     if device.flops is not None and device.batch_size:   # counted in the trace that ran
         return TracedVariant(rule, spec, report, device.flops.total / device.batch_size,
-                             device.flops.convolution_fraction)
+                             device.flops.convolution_fraction, device.flops.kernels)
     try:
         flops = estimator.flops(spec, 1)
     except TraceError:
         return TracedVariant(rule, spec, report, 0.0)
-    return TracedVariant(rule, spec, report, float(flops.total), flops.convolution_fraction)
+    return TracedVariant(rule, spec, report, float(flops.total), flops.convolution_fraction,
+                         flops.kernels)
 
 
 def mixed_precision_for(gpu: GpuSpec) -> Precision:

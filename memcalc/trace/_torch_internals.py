@@ -516,21 +516,39 @@ def set_padding_mode_cache(module: torch.nn.Module, padding: tuple[int, ...]) ->
 class FlopCountingMode(TorchDispatchMode):
     """FLOPs per ATen op from torch's own formulas (``torch.utils.flop_counter.flop_registry``),
     without ``FlopCounterMode``'s module tracker: its hooks on every module's outputs keep
-    tensors alive that activation checkpointing would free, which changes the traced peak."""
+    tensors alive that activation checkpointing would free, which changes the traced peak.
+
+    Also what a step-time model needs of the other ops: ``kernels``, the ops that launch
+    work (not views, not bare allocations), and ``memory_bytes``, the bytes those without a
+    FLOP formula read and write (elementwise ops, norms, reductions, copies: bound by the
+    memory's bandwidth)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.by_op: Counter = Counter()
+        self.kernels = 0
+        self.memory_bytes = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in METADATA_OPS:
+        if func in METADATA_OPS or func.is_view or func._overloadpacket.__name__ in _NO_KERNEL:
             return out
+        self.kernels += 1
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             self.by_op[func._overloadpacket.__name__] += formula(*args, **kwargs, out_val=out)
+        else:
+            self.memory_bytes += sum(
+                value.numel() * value.element_size()
+                for value in _op_values((*args, *kwargs.values(), *_op_values((out,))))
+                if isinstance(value, torch.Tensor))
         return out
+
+
+_NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
+                        "new_empty_strided", "lift_fresh", "_local_scalar_dense"})
+"""Ops that allocate or read a scalar without launching a kernel."""
 
 
 @contextlib.contextmanager
