@@ -18,11 +18,6 @@ FIT_BATCHES = (1, 8)
 MAX_TRACES = 20
 GROWTH = 8   # batch multiplier while the totals are still flat (no ceiling found yet)
 MAX_BATCH = 1 << 24
-NEAR_BRACKET = 1.25
-"""A bracket this narrow (ceiling ÷ largest fitting batch) above ``RELATIVE_RESOLUTION`` is
-bisected: so close to the card's capacity the replayed totals flatten (the allocator frees
-its cache and retries), and secant steps through them crawl; below it, where the answer is
-exact, secant steps find it in fewer traces."""
 RELATIVE_RESOLUTION = 100
 """Above this batch the search stops once the largest batch is known to 1/this of itself
 (a batch that fits and one that does not, that close): one sample more or less is then
@@ -221,16 +216,11 @@ def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
         previous = max(others) if others else fitting
         slope = ((totals[fitting] - totals[previous]) / (fitting - previous)
                  if previous != fitting else 0.0)
-        if bisect and previous != fitting:
-            # secant steps that keep fitting: near the card's capacity the replayed totals
-            # flatten, so the line undershoots; gallop (twice the last step, each time) to
-            # find a ceiling close by rather than jumping far and crawling back
-            return min(fitting + 2 * max(fitting - previous, _resolution(fitting)), MAX_BATCH)
-        if slope <= 0:
+        if bisect or slope <= 0:
             return min(fitting * GROWTH, MAX_BATCH)
         guess = fitting + int((usable_bytes - totals[fitting]) // slope)
         return max(fitting + 1, min(guess, MAX_BATCH))
-    if bisect or (fitting >= RELATIVE_RESOLUTION and ceiling <= NEAR_BRACKET * fitting):
+    if bisect:
         return (fitting + ceiling) // 2
     slope = (totals[ceiling] - totals[fitting]) / (ceiling - fitting)
     guess = fitting + int((usable_bytes - totals[fitting]) // slope) if slope > 0 else fitting + 1
