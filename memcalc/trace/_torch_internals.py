@@ -532,7 +532,8 @@ class FlopCountingMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        if func in METADATA_OPS or func.is_view or func._overloadpacket.__name__ in _NO_KERNEL:
+        if (func in METADATA_OPS or getattr(func, "is_view", False)   # older torch: no is_view
+                or func._overloadpacket.__name__ in _NO_KERNEL):
             return out
         self.kernels += 1
         formula = flop_registry.get(func._overloadpacket)
