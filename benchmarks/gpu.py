@@ -43,7 +43,7 @@ def step_time_rows() -> list[tuple[str, float, float, float]]:
         flops = training_step_flops(gpu_data.spec_of(case), case.batch_size)
         at_mfu = compute_seconds(flops.total, gpu, case.precision, MFU,
                                  flops.convolution_fraction, case.tf32)
-        rows.append((case.name, timing["median_s"], at_mfu, launch_floor_seconds(flops.kernels)))
+        rows.append((case.name, timing["median_s"], at_mfu, launch_floor_seconds(flops.launched_ops)))
     return rows
 
 

@@ -150,7 +150,7 @@ def test_cifar_on_two_cpus_is_cpu_bound():
     seconds = (convolution / (a100.tf32_tflops * 1e12) + linear / (a100.fp32_tflops * 1e12)) / 0.4
     # ...but the host launches the step's ops no faster than 25 µs each: at least one op per
     # convolution, batch norm and ReLU in forward and one more in backward
-    ops = report.device.flops.kernels
+    ops = report.device.flops.launched_ops
     layers = sum(isinstance(m, (nn.Conv2d, nn.BatchNorm2d, nn.ReLU))
                  for m in resolve_model("resnet50", {"num_classes": 10}).build_meta().modules())
     assert ops >= 2 * layers and ops * HOST_SECONDS_PER_OP > 10 * seconds

@@ -169,10 +169,10 @@ def _step_time(inputs: HostInputs) -> tuple[float, str] | None:
                                  spec.cudnn_tf32)
     at_mfu = (f"{flops.total:.3g} FLOPs on {gpu.name} at {spec.feed.mfu:.0%} of its "
               f"{rate_name} peak (--mfu)")
-    launches = launch_floor_seconds(flops.kernels)
+    launches = launch_floor_seconds(flops.launched_ops)
     if launches <= seconds:
         return seconds, at_mfu
-    return launches, (f"{flops.kernels} ops launched by the host at "
+    return launches, (f"{flops.launched_ops} ops launched by the host at "
                       f"{HOST_SECONDS_PER_OP * 1e6:.0f} µs each (eager PyTorch; MFU "
                       f"{flops.total / (launches * rate):.0%}), longer than {at_mfu}")
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memcalc.device.gpus import GpuSpec
-from memcalc.device.speed import compute_seconds, launch_floor_seconds
+from memcalc.device.speed import step_seconds
 from memcalc.errors import TraceError
 from memcalc.specs import Precision, TrainingSpec
 
@@ -61,9 +61,9 @@ class TracedVariant:
                         launched_steps: float = 1.0) -> float:
         """Seconds of ``flops`` on ``gpu`` at this variant's precision and convolution share,
         and no less than the host takes to launch ``launched_steps`` steps' ops."""
-        return max(compute_seconds(flops, gpu, self.spec.precision, mfu,
-                                   self.convolution_fraction, self.spec.cudnn_tf32),
-                   launch_floor_seconds(round(self.ops_per_step * launched_steps)))
+        return step_seconds(flops, round(self.ops_per_step * launched_steps), gpu,
+                            self.spec.precision, mfu, self.convolution_fraction,
+                            self.spec.cudnn_tf32)
 
     @property
     def strategy(self) -> Strategy:
@@ -89,13 +89,13 @@ def traced_variant(rule: TracedRule, spec: TrainingSpec,
     device = report.device
     if device.flops is not None and device.batch_size:   # counted in the trace that ran
         return TracedVariant(rule, spec, report, device.flops.total / device.batch_size,
-                             device.flops.convolution_fraction, device.flops.kernels)
+                             device.flops.convolution_fraction, device.flops.launched_ops)
     try:
         flops = estimator.flops(spec, 1)
     except TraceError:
         return TracedVariant(rule, spec, report, 0.0)
     return TracedVariant(rule, spec, report, float(flops.total), flops.convolution_fraction,
-                         flops.kernels)
+                         flops.launched_ops)
 
 
 def mixed_precision_for(gpu: GpuSpec) -> Precision:

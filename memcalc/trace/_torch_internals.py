@@ -518,16 +518,13 @@ class FlopCountingMode(TorchDispatchMode):
     without ``FlopCounterMode``'s module tracker: its hooks on every module's outputs keep
     tensors alive that activation checkpointing would free, which changes the traced peak.
 
-    Also what a step-time model needs of the other ops: ``kernels``, the ops that launch
-    work (not views, not bare allocations), and ``memory_bytes``, the bytes those without a
-    FLOP formula read and write (elementwise ops, norms, reductions, copies: bound by the
-    memory's bandwidth)."""
+    Also ``launched_ops``: the ops that launch work (not views, not bare allocations), what
+    the host's launch time per step grows with (``memcalc.device.speed``)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.by_op: Counter = Counter()
-        self.kernels = 0
-        self.memory_bytes = 0
+        self.launched_ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -535,15 +532,10 @@ class FlopCountingMode(TorchDispatchMode):
         if (func in METADATA_OPS or getattr(func, "is_view", False)   # older torch: no is_view
                 or func._overloadpacket.__name__ in _NO_KERNEL):
             return out
-        self.kernels += 1
+        self.launched_ops += 1
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             self.by_op[func._overloadpacket.__name__] += formula(*args, **kwargs, out_val=out)
-        else:
-            self.memory_bytes += sum(
-                value.numel() * value.element_size()
-                for value in _op_values((*args, *kwargs.values(), *_op_values((out,))))
-                if isinstance(value, torch.Tensor))
         return out
 
 

@@ -19,21 +19,17 @@ class StepFlops(BaseModel):
 
     total: int
     convolution: int
-    kernels: int = 0
-    """ATen ops that launch work in the step (0: not counted)."""
-    memory_bytes: int = 0
-    """Bytes read and written by the ops without a FLOP formula: elementwise ops, norms,
-    reductions, copies, the optimizer's updates."""
+    launched_ops: int = 0
+    """ATen ops that launch work in forward, loss and backward (0: not counted)."""
 
     @property
     def convolution_fraction(self) -> float:
         return self.convolution / self.total if self.total else 0.0
 
 
-def step_flops_of(by_op: Mapping[str, int], kernels: int = 0,
-                  memory_bytes: int = 0) -> StepFlops:
-    """FLOPs counted per ATen op name, with the convolutions' share; the kernels and the
-    memory-bound bytes counted beside them."""
+def step_flops_of(by_op: Mapping[str, int], launched_ops: int = 0) -> StepFlops:
+    """FLOPs counted per ATen op name, with the convolutions' share; the ops launched beside
+    them."""
     convolution = sum(count for op, count in by_op.items() if op in _CONVOLUTION_OPS)
     return StepFlops(total=int(sum(by_op.values())), convolution=int(convolution),
-                     kernels=kernels, memory_bytes=memory_bytes)
+                     launched_ops=launched_ops)

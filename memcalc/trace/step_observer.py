@@ -77,8 +77,7 @@ class LedgerObserver(StepObserver):
     def stop_counting(self) -> None:
         if self.counter is not None:
             self.counter.__exit__(None, None, None)
-            self.flops = step_flops_of(self.counter.by_op, self.counter.kernels,
-                                       self.counter.memory_bytes)
+            self.flops = step_flops_of(self.counter.by_op, self.counter.launched_ops)
             self.counter = None
 
 
