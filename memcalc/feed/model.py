@@ -148,11 +148,17 @@ SLOW_HANDOVER_S = 0.002
 idle one's is reported: the worker's Python code holds the GIL that the hand-over needs."""
 
 
+def slow_handover(receive_s: float, busy_receive_s: float | None) -> bool:
+    """Batches wait for a busy worker's GIL to leave it: ``receive_s`` the main process's
+    time to take a batch from an idle worker, ``busy_receive_s`` from one that is building
+    its next batch (None: not measured)."""
+    return (busy_receive_s is not None
+            and busy_receive_s - receive_s >= max(SLOW_HANDOVER_S, receive_s))
+
+
 def slow_handover_warning(receive_s: float, busy_receive_s: float | None) -> str | None:
-    """The warning for batches that wait for a busy worker's GIL to leave it, or None:
-    ``receive_s`` the main process's time to take a batch from an idle worker,
-    ``busy_receive_s`` from one that is building its next batch."""
-    if busy_receive_s is None or busy_receive_s - receive_s < max(SLOW_HANDOVER_S, receive_s):
+    """The warning for batches that wait for a busy worker's GIL to leave it, or None."""
+    if not slow_handover(receive_s, busy_receive_s):
         return None
     return (f"a batch takes {busy_receive_s * 1e3:.3g} ms to leave a worker that is building "
             f"the next one, against {receive_s * 1e3:.3g} ms from an idle one: each tensor's "
@@ -190,13 +196,14 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
         return step_s / (step_s + build_s + pin_s)
     main_per_step = (main_busy * step_s + receive_s) / step_s
     pinning = [step_s / pin_s] if pin_s else []
-    # with no idle core the receive shares one with a worker (it takes twice as long), and a
-    # sleeping main process first waits for that core
-    crowded_wait = (1 - main_busy) * wake_wait_s + receive_s
     # the workers' cores: a fair share of them beside a runnable main process, all of them
     # while it waits for a batch; where batches wait for a worker's GIL, what the fair share
     # gives the workers is lost again at each receive: the training process's whole core
-    gil_bound = slow_handover_warning(receive_s, busy_receive_s) is not None
+    gil_bound = slow_handover(receive_s, busy_receive_s)
+    # with no idle core a sleeping main process first waits for one, then (but on its whole
+    # core) the receive shares a core with a worker: it takes twice as long
+    crowded = (1 - main_busy) * wake_wait_s + (receive_s if not gil_bound else
+                                               (1 - main_busy) * receive_s)
     beside_main = min(workers, available * workers / (workers + 1))
     alone = min(workers, available)
 
@@ -208,7 +215,6 @@ def utilization(workers: int, step_s: float, load_s: float, cpus: int, pin_s: fl
         # one a batch (step / busy) or more earlier whose build lasts longer than that
         building = min(workers, math.ceil(busy * load_s / step_s - 1e-9)) if busy > 0 else 0
         no_idle_core = min(1.0, max(0.0, building - available + 1))
-        crowded = crowded_wait - main_busy * receive_s if gil_bound else crowded_wait
         serial = step_s / (step_s + receive_s + crowded * no_idle_core)
         return min([1.0, cores * step_s / load_s, serial, *pinning])
 
@@ -266,7 +272,7 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
             f"{cpus} CPUs: the training process runs through its step (kernel launches, then "
             "CUDA's spin-wait synchronisation) and shares the cores fairly with the workers ("
             + ("it keeps a whole core: batches wait for a busy worker's GIL"
-               if slow_handover_warning(receive_s, busy_receive_s) else
+               if slow_handover(receive_s, busy_receive_s) else
                "a spin that loses its core does not slow the GPU")
             + f"); {taking}; no other load on the node",
             "pin-memory copy at 8 GB/s in one thread" if pin_memory else "no pinning",

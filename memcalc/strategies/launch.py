@@ -64,13 +64,12 @@ def slurm_header(candidate: Candidate, cluster: ClusterSpec, host: HostReport | 
                   f"# {counted(share.recommended_num_workers, 'DataLoader worker')} per GPU "
                   f"process, {counted(per_node, 'process', 'processes')} per node sharing its "
                   f"{node_cpus} CPUs and RAM (host plan)"]
-        if wanted > node_cpus:
-            lines.append(f"# {'' if machine.detected else 'DOES NOT FIT: '}"
-                         f"{counted(per_node, 'process', 'processes')} need "
+        if wanted > node_cpus:    # this machine's CPUs are no verdict on the training node
+            verdict, holder = ("", "this machine") if machine.detected else ("DOES NOT FIT: ",
+                                                                              "the node")
+            lines.append(f"# {verdict}{counted(per_node, 'process', 'processes')} need "
                          f"{wanted} CPUs ({cpus_per_process} each, for their workers and for "
-                         f"memory at {mem_per_cpu} per CPU); "
-                         + ("this machine has " if machine.detected else "the node has ")
-                         + str(node_cpus))
+                         f"memory at {mem_per_cpu} per CPU); {holder} has {node_cpus}")
     lines += ["export MASTER_ADDR=$(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1)",
               "srun " + torchrun_command(candidate, cluster, script)]
     return lines

@@ -178,4 +178,5 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext,
     return scheduled_candidate(
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=batching, peak=device.total_bytes,
-        context=(cluster, context.gpu, screened.states), method=method, notes=notes, job_batch_peak=planned_peak_at(plan, context.job_batch))
+        context=(cluster, context.gpu, screened.states), method=method, notes=notes,
+        job_batch_peak=planned_peak_at(plan, context.job_batch))
