@@ -6,6 +6,7 @@ from memcalc.trace.cudnn_workspace import (
     ConvCall,
     ConvKind,
     ShapeClass,
+    UNMEASURED_CEILING,
     WorkspaceModel,
     fit_rules,
     math_mode,
@@ -73,3 +74,31 @@ def test_a_plan_search_buffer_is_at_least_the_chosen_workspace():
     model = WorkspaceModel(rules=[plan], find_rules=[search])
     assert model.find_bytes(_call()) >= model.workspace_bytes(_call())
     assert WorkspaceModel(rules=[plan]).find_bytes(_call()) == model.workspace_bytes(_call())
+
+
+def test_calls_that_do_not_tell_features_apart_keep_the_large_tensors_coefficients():
+    # one pointwise layer measured in two dtypes: bytes proportional to the input, and the
+    # weights 1,000x smaller than it; the minimum-norm answer gave the weights ~1e5
+    small = [_call(kernel=1, channels=32, out_channels=2, size=32, dtype=dtype)
+             for dtype in ("bfloat16", "float16")]
+    rule, = fit_rules([(call, round(1.3 * call.input_bytes)) for call in small])
+    assert rule.weight_coef == 0 and rule.input_coef + rule.output_coef > 0
+    wide = _call(kernel=1, channels=512, out_channels=2048, size=8, dtype="bfloat16")
+    assert wide.weight_bytes > wide.input_bytes
+    assert WorkspaceModel(rules=[rule]).workspace_bytes(wide) <= 1.3 * (
+        wide.input_bytes + wide.output_bytes + wide.weight_bytes)
+
+
+def test_no_prediction_exceeds_the_most_workspace_per_tensor_byte_the_class_took():
+    calls = [_call(batch=b, channels=c, out_channels=o) for b in (1, 2) for c in (8, 16)
+             for o in (8, 64)]
+    measured = [(call, 2 * call.input_bytes + 50 * call.weight_bytes) for call in calls]
+    rule, = fit_rules(measured)
+    most = max(nbytes / (c.input_bytes + c.output_bytes + c.weight_bytes) for c, nbytes in measured)
+    assert rule.ceiling == pytest.approx(most, abs=1e-4) and rule.ceiling >= most
+    heavy = _call(batch=1, channels=256, out_channels=256, size=4)   # 50x its weights: capped
+    tensors = heavy.input_bytes + heavy.output_bytes + heavy.weight_bytes
+    assert rule.predict(heavy) == round(rule.ceiling * tensors) < 50 * heavy.weight_bytes
+    # a profile saved before rules had a ceiling gets the stated unmeasured one
+    legacy = rule.model_copy(update={"ceiling": None})
+    assert legacy.predict(heavy) <= UNMEASURED_CEILING * tensors

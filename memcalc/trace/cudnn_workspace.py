@@ -8,7 +8,7 @@ during it.
 from __future__ import annotations
 
 from enum import Enum
-from math import prod
+from math import ceil, prod
 
 from pydantic import BaseModel, ConfigDict
 
@@ -120,9 +120,22 @@ def rule_key(call: ConvCall) -> RuleKey:
     return (call.kind, min(call.spatial_dims, 3), math_mode(call), shape_class(call))
 
 
+UNMEASURED_CEILING = 12.0
+"""Workspace per byte of a call's tensors for a rule that states no ceiling of its own (a
+profile saved before rules had one): the most any call took on the H100 profile's data
+(a 2D fp32 forward, ``benchmarks/gpu_data/h100-convs.json.gz``)."""
+
+
 class WorkspaceRule(BaseModel):
     """``bytes = input_coef·x + output_coef·y + weight_coef·w`` (tensor bytes) for one class
-    of calls, fitted by non-negative least squares, with the fit's error on its data."""
+    of calls, fitted by non-negative least squares, with the fit's error on its data, and
+    never above ``ceiling`` times the call's tensor bytes ``x + y + w``.
+
+    The ceiling is the most workspace per tensor byte any fitted call of the class took: a
+    linear fit of few calls can put a large coefficient on a small feature (a 3D 1×1×1
+    class fitted to two calls of 64 KiB weights put 114,687 on the weight bytes, which on
+    ResNet-50's 2 MiB weights predicted 224 GiB), and cuDNN's heuristics choose plans whose
+    workspace scales with the tensors they read, not past them."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -138,14 +151,23 @@ class WorkspaceRule(BaseModel):
     error_fraction: float
     """Sum of absolute errors over the sum of measured bytes, on the fitted calls."""
     max_error_bytes: int
+    ceiling: float | None = None
+    """The most workspace bytes per tensor byte (``x + y + w``) a fitted call took; None in
+    profiles saved before rules had one (``UNMEASURED_CEILING`` then)."""
 
     @property
     def key(self) -> RuleKey:
         return (self.kind, self.spatial_dims, self.math, self.shape)
 
     def predict(self, call: ConvCall) -> int:
-        return max(0, round(self.input_coef * call.input_bytes + self.output_coef
-                            * call.output_bytes + self.weight_coef * call.weight_bytes))
+        linear = (self.input_coef * call.input_bytes + self.output_coef * call.output_bytes
+                  + self.weight_coef * call.weight_bytes)
+        ceiling = UNMEASURED_CEILING if self.ceiling is None else self.ceiling
+        return max(0, round(min(linear, ceiling * _tensor_bytes(call))))
+
+
+def _tensor_bytes(call: ConvCall) -> int:
+    return call.input_bytes + call.output_bytes + call.weight_bytes
 
 
 class WorkspaceModel(BaseModel):
@@ -208,11 +230,18 @@ def _fit_class(key: RuleKey, items: list[tuple[ConvCall, int]]) -> WorkspaceRule
                          output_coef=round(coefficients[1], 4) + 0.0,
                          weight_coef=round(coefficients[2], 4) + 0.0, calls=len(items),
                          error_fraction=round(sum(errors) / max(1, sum(measured)), 4),
-                         max_error_bytes=round(max(errors)))
+                         max_error_bytes=round(max(errors)),
+                         ceiling=ceil(max(nbytes / max(1, _tensor_bytes(call))
+                                          for call, nbytes in items) * 1e4) / 1e4)
 
 
 def _nonnegative_least_squares(rows: list[tuple[int, ...]], targets: list[int]) -> list[float]:
-    """Least squares with coefficients ≥ 0: drop the most negative one and solve again."""
+    """Least squares with coefficients ≥ 0: drop the most negative one and solve again.
+
+    Features the calls cannot tell apart (fewer independent calls than features, e.g. one
+    layer measured in two dtypes) are dropped smallest tensor first until the rest are
+    independent: the minimum-norm answer would otherwise spread the workspace evenly over
+    the scaled features and give the smallest tensor the largest coefficient."""
     import torch
 
     active = list(range(len(rows[0])))
@@ -223,6 +252,8 @@ def _nonnegative_least_squares(rows: list[tuple[int, ...]], targets: list[int]) 
     matrix = matrix / scale
     vector = torch.tensor(targets, dtype=torch.float64).unsqueeze(1)
     solution = torch.zeros(0, dtype=torch.float64)
+    while len(active) > 1 and _rank(matrix[:, active]) < len(active):
+        active.remove(min(active, key=lambda index: float(scale[index])))
     while active:
         solution = torch.linalg.lstsq(matrix[:, active], vector, rcond=1e-6,
                                       driver="gelsd").solution.squeeze(1)
@@ -233,3 +264,10 @@ def _nonnegative_least_squares(rows: list[tuple[int, ...]], targets: list[int]) 
     for index, value in zip(active, solution.tolist()):
         coefficients[index] = max(0.0, value) / float(scale[index])
     return coefficients
+
+
+def _rank(matrix) -> int:
+    import torch
+
+    singular = torch.linalg.svdvals(matrix)
+    return int((singular > 1e-6 * singular.max()).sum()) if singular.numel() else 0
