@@ -112,6 +112,13 @@ COMMAND_BAD_INVOCATIONS = {
     "bad allocator setting": (["estimate", "--model", "mlp", "--allocator-conf",
                                "expandable_segments:maybe"], 2,
                               r"allocator setting expandable_segments:maybe: use True or False"),
+    "forward missing an input": (["estimate", "--model", "tests.fixtures.models:two_inputs",
+                                  "--shape", "32", "--batch-size", "2"], 2,
+                                 r"forward\(\) needs 'mask'.*--input mask=SHAPE"),
+    "check with an input forward does not take": (
+        ["check", "--model", "tests.fixtures.models:two_inputs", "--shape", "32", "--batch-size",
+         "2", "--gpu", "T4", "--input", "mask=64", "--input", "extra=3"], 2,
+        r"unexpected keyword argument 'extra'"),
     "missing environment profile": (["check", "--model", "mlp", "--batch-size", "2", "--gpu",
                                      "T4", "--env-profile", "/no/such/profile.json"], 2,
                                     r"does not exist; write one with `memcalc calibrate`"),

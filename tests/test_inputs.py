@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import memcalc
-from memcalc.errors import TraceError
+from memcalc.errors import InputError, TraceError
 from memcalc.model.inputs import InputTensor, ModelInputs, plain_call
 from memcalc.trace.losses import model_loss
 
@@ -36,6 +36,20 @@ def test_a_second_positional_argument_can_be_named():
                               device="cpu", inputs={"mask": ((64,), "float32")})
     assert report.device.method == "traced"
     assert report.static.input_batch_bytes == BATCH * (32 + 64) * 4
+
+
+def test_a_forward_missing_an_input_is_an_error_naming_it_not_a_static_estimate():
+    # it was "FIT UNKNOWN (STATIC): batch 23899 needs ...", exit 0, the TypeError in --details
+    with pytest.raises(InputError, match=r"_TwoInputs.forward\(\) needs 'mask'.*--input mask="):
+        memcalc.estimate("tests.fixtures.models:two_inputs", (32,), batch_size=BATCH,
+                         device="cpu")
+
+
+def test_an_input_forward_has_no_parameter_for_is_an_error_listing_its_parameters():
+    with pytest.raises(InputError, match=r"unexpected keyword argument 'extra'.*x, mask"):
+        memcalc.estimate("tests.fixtures.models:two_inputs", (32,), batch_size=BATCH,
+                         device="cpu", inputs={"mask": ((64,), "float32"),
+                                               "extra": ((3,), "float32")})
 
 
 @pytest.mark.parametrize("output, expected", [

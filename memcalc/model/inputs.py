@@ -116,6 +116,38 @@ def make_call(model: nn.Module, inputs: ModelInputs, batch_size: int) -> ModelCa
     return plain_call(inputs, batch_size)
 
 
+def require_binding(model: nn.Module, call: ModelCall) -> None:
+    """Raise InputError when ``forward`` cannot take the call's arguments (a required input
+    not given, an input it has no parameter for): the user's call is wrong, and a trace that
+    fails on it must not end in a static estimate."""
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):   # a forward without a readable signature
+        return
+    try:
+        signature.bind(*call.args, **call.kwargs)
+    except TypeError as error:
+        raise InputError(_binding_message(type(model).__name__, signature, call, error)) from None
+
+
+def _binding_message(name: str, signature: inspect.Signature, call: ModelCall,
+                     error: TypeError) -> str:
+    parameters = signature.parameters
+    given = set(call.kwargs)
+    missing = [p.name for p in list(parameters.values())[len(call.args):]
+               if p.default is p.empty and p.name not in given
+               and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    if missing:
+        needed = ", ".join(repr(n) for n in missing)
+        example = " ".join(f"--input {n}=SHAPE[:DTYPE]" for n in missing)
+        return (f"{name}.forward() needs {needed}, which the traced call does not give: add "
+                f"{'it' if len(missing) == 1 else 'each'} per sample with {example} "
+                f"(e.g. --input {missing[0]}=512:int64)")
+    accepted = ", ".join(parameters) or "no arguments"
+    return (f"{name}.forward() cannot take the traced call ({error}): its parameters are "
+            f"{accepted}; give inputs by those names with --input NAME=SHAPE[:DTYPE]")
+
+
 def plain_call(inputs: ModelInputs, batch_size: int) -> ModelCall:
     def tensor(spec: InputTensor) -> torch.Tensor:
         return torch.empty((batch_size, *spec.sample_shape), dtype=spec.dtype)

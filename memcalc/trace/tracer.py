@@ -39,7 +39,8 @@ from memcalc.trace.legacy_autograd import LegacyAutogradMode
 from memcalc.trace.numpy_limit import numpy_buffer_limit
 from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError, at_user_frame, first_line
-from memcalc.model.inputs import InputTensor, ModelCall, ModelInputs, make_call
+from memcalc.model.inputs import (InputTensor, ModelCall, ModelInputs, make_call,
+                                  require_binding)
 from memcalc.trace.ledger import MemoryLedger, StorageRecord
 from memcalc.trace.compiled import compiled_regions, fallbacks
 from memcalc.trace.host_tensors import HostTensorCounter
@@ -266,6 +267,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
         batch = (make_call(model, setup.inputs, setup.batch_shape[0]) if stages.first
                  else ModelCall(()))
         model = stages.container
+    if stages is None or stages.first:
+        require_binding(meta_model, batch)
     label(watcher, model.parameters(), MemoryCategory.PARAMETER)
     label(watcher, model.buffers(), MemoryCategory.BUFFER)
     label(watcher, batch.tensors(), MemoryCategory.INPUT)
