@@ -16,14 +16,13 @@ from memcalc.trace._torch_internals import (
     quiet_fake_tensor_logger,
 )
 from memcalc.trace.bounded_ops import (
-    SCALAR_CONVENTIONS,
-    SCALAR_DEFAULTS,
     BoundedOps,
     bounded_op_names,
     bounded_rule,
     register_bounded,
 )
 from memcalc.trace.optimizers import optimizer_rule
+from memcalc.trace.python_values import SCALAR_CONVENTIONS, SCALAR_DEFAULTS
 from memcalc.trace.precision import precision_policy
 from memcalc.trace.tracer import StepSetup, trace_training_step
 

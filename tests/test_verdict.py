@@ -145,3 +145,15 @@ def test_feed_opens_with_the_best_measured_share_and_the_models_worst_distance()
                       cpus=2, consumer="spin", rows=rows)
     assert feed_verdict(check) == ("MEASURED: GPU busy 88% at best (2 workers); the model is "
                                    "within 6 points at every count")
+
+
+@pytest.mark.parametrize("command", ["estimate", "check"])
+def test_a_default_value_read_from_a_tensor_is_a_warning_under_the_verdict(command):
+    # it was "TRACED, FITS" with the .item() that drove a branch only under --details
+    args = [command, "--model", "tests.fixtures.models:item_gate", "--shape", "8",
+            "--batch-size", "4", "--gpu", "T4"]
+    lines = CliRunner().invoke(main, args).stdout.splitlines()
+    assert lines[0].startswith("FITS")
+    assert lines[1].startswith("WARNING: 2 values read from tensors") and "LOW" in lines[1]
+    untouched = CliRunner().invoke(main, [command, *TINY, "--batch-size", "4", "--gpu", "T4"])
+    assert "read from tensors" not in untouched.stdout

@@ -110,7 +110,8 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
                   for event, live, phase, iteration in ledger.timeline()],
         peak_iteration=peak_record.iteration if peak_record else None,
         flops=trace.flops, capacity_bytes=target.capacity_bytes,
-        bounded_sizes=[BoundedSize(op=use.op, bound=use.bound, count=use.count)
+        bounded_sizes=[BoundedSize(op=use.op, bound=use.bound, count=use.count,
+                                   keeps_most_work=use.keeps_most_work)
                        for use in trace.bounded_sizes],
         headroom_bytes=target.headroom_bytes,
         attention_backends=trace.attention_backends,

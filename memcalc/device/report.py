@@ -163,6 +163,9 @@ class BoundedSize(BaseModel):
     """The bound or value used, in words."""
     count: int
     """Calls over the traced iterations."""
+    keeps_most_work: bool = True
+    """The bound or value keeps at least the work a real step does; False for a default
+    value read into Python (a loop count or branch taken from it may skip work)."""
 
 
 class DeviceReport(BaseModel):

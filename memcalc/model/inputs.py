@@ -54,6 +54,15 @@ class ModelInputs:
         """Bytes of the input tensors of one batch (a family's own targets not included)."""
         return sum(tensor.batch_bytes(batch_size) for tensor in self.tensors)
 
+    def filled_lengths(self) -> dict[str, int]:
+        """Per-sample integer inputs named as lengths (``lengths``, ``input_lengths``...) and
+        the value the traced step reads from them: the sequence length, the first axis of the
+        first input with one (every sample full length, the most work)."""
+        axes = [tensor.sample_shape[0] for tensor in self.tensors if tensor.sample_shape]
+        return {tensor.name: axes[0] for tensor in self.named
+                if axes and not tensor.sample_shape and "len" in tensor.name.lower()
+                and not tensor.dtype.is_floating_point and tensor.dtype != torch.bool}
+
 
 @dataclass
 class ModelCall:

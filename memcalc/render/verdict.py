@@ -18,7 +18,7 @@ def verdict_line(report: Report) -> str:
     """The step's verdict (``_step_verdict``); with a validation step in the job, its batch
     and bytes after it, which phase sets the job's peak, and DOES NOT FIT when only the
     validation step does not."""
-    line, validation = _step_verdict(report), report.validation
+    line, validation = _step_verdict(report) + default_reads_warning(report), report.validation
     if validation is None:
         return line
     fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[validation.fits]
@@ -36,6 +36,19 @@ def verdict_line(report: Report) -> str:
             else "training")
     return (f"{line}; validation: batch {validation.batch_size} needs "
             f"{format_bytes(validation.total_bytes)}, {fits}; {sets} sets the job's peak")
+
+
+def default_reads_warning(report: Report) -> str:
+    """A second line when the traced step read tensor values that no rule covers: the work
+    they drive (a loop count, a branch) may be skipped, so the figures can be low."""
+    defaults = [use for use in report.device.bounded_sizes if not use.keeps_most_work]
+    if not defaults:
+        return ""
+    reads = sum(use.count for use in defaults)
+    values = ", ".join(sorted({use.bound.split(" ")[0] for use in defaults}))
+    return (f"\nWARNING: {reads} value{'s' if reads != 1 else ''} read from tensors "
+            f"(.item(), bool(), int()) took a default ({values}): a loop or branch they "
+            "drive may skip work a real step does, so these figures can be LOW; --details")
 
 
 def _least_total(device) -> int:

@@ -233,14 +233,23 @@ def compiled_assumptions(names: Sequence[str], fallbacks: Sequence[str]) -> list
 
 
 def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:
-    """One line naming every data-dependent op the trace ran at a bound, when any did."""
-    if not bounded_sizes:
-        return []
-    uses = "; ".join(f"{use.op} {use.count}x: {use.bound}" for use in bounded_sizes)
-    return [f"data-dependent ops traced at upper bounds of their sizes, or with conventional "
-            f"values where a value went to Python (a real step can be smaller: Mask and "
-            f"Keypoint R-CNN's heads are traced on every sampled proposal, not only the "
-            f"positive ones, about 2x their real step): {uses}"]
+    """A line naming the data-dependent ops traced at the most work, and one naming the
+    values read with a default (which may leave work out), when there are any."""
+    upper = [use for use in bounded_sizes if use.keeps_most_work]
+    defaults = [use for use in bounded_sizes if not use.keeps_most_work]
+    lines = []
+    if upper:
+        uses = "; ".join(f"{use.op} {use.count}x: {use.bound}" for use in upper)
+        lines.append(f"data-dependent ops traced at upper bounds of their sizes, or with the "
+                     f"values that keep the most work (a real step can be smaller, not "
+                     f"larger: Mask and Keypoint R-CNN's heads are traced on every sampled "
+                     f"proposal, not only the positive ones, about 2x their real step): {uses}")
+    if defaults:
+        uses = "; ".join(f"{use.op} {use.count}x: {use.bound}" for use in defaults)
+        lines.append(f"values read from tensors that no rule covers took a default (a loop "
+                     f"or branch they drive may skip work a real step does: the estimate can "
+                     f"be LOW): {uses}")
+    return lines
 
 
 def attention_assumptions(attention_backends: dict[str, int], gpu: GpuSpec | None) -> list[str]:

@@ -5,7 +5,7 @@ Fake tensors carry shapes but no values, so an op whose output size depends on t
 that hands a value to Python (``.item()``, ``bool(tensor)``, ``torch.equal``) cannot run on
 them. Each such op has one registered rule: a pure function of the op's arguments that makes
 its output at an upper bound of its size (``nonzero``: every element non-zero; ``nms``: every
-box kept), or, for a value, a documented conventional one (the checks a model makes pass).
+box kept), or, for a value, one by ``python_values``' rules.
 
 A rule runs only where torch's fake kernel cannot answer (small constant tensors still get
 exact answers), and every use is counted: the report lists each op, the bound it got and how
@@ -18,8 +18,9 @@ Known limitations: an upper bound is not the typical size — a detector's posit
 count as every sampled proposal, so its mask and keypoint heads are traced on more boxes than
 a real step gives them.
 Ops with no bound in their input sizes (``bincount``, ``repeat_interleave`` without
-``output_size``) still fail. Values handed to Python are conventions, not the data: a model
-whose branches depend on real values traces one branch.
+``output_size``) still fail. Values handed to Python follow rules, not the data: a model
+whose branches depend on real values traces one branch (the report's head says when a
+default value was read).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from memcalc.trace._torch_internals import (
     DATA_DEPENDENT_FAILURES,
     FAKE_KERNELS,
     OpInterceptor,
-    WeakIdKeyDictionary,
 )
+from memcalc.trace.python_values import SCALAR_OP, PythonValues, keeps_most_work
 from memcalc.trace.value_counts import ValueCounts
 
 MASK_DTYPES = (torch.bool, torch.uint8)
@@ -59,6 +60,9 @@ class BoundedUse:
     op: str
     bound: str
     count: int
+    keeps_most_work: bool = True
+    """The bound or value keeps at least the work a real step does (False: a default value
+    handed to Python, which may skip some, ``python_values.SCALAR_DEFAULTS``)."""
 
 
 _RULES: dict[str, BoundedRule] = {}
@@ -184,34 +188,6 @@ def _allclose(bounds, tensor, other, rtol=1e-5, atol=1e-8, equal_nan=False) -> b
     return True
 
 
-SCALAR_OP = "aten::_local_scalar_dense"
-"""What ``.item()``, ``bool(tensor)``, ``int(tensor)`` and ``.tolist()`` run."""
-
-SCALAR_DEFAULTS: dict[str, tuple[object, str]] = {
-    "bool": (False, "False (a flag no element raised)"),
-    "int": (0, "0 (a valid index, an empty count)"),
-    "float": (0.0, "0.0 (the low end of a random draw: torchvision's random size choice)"),
-}
-"""``.item()`` of a tensor whose value no convention covers, by the kind of its dtype."""
-
-SCALAR_CONVENTIONS: dict[str, tuple[Callable, str]] = {
-    "aten::any": (lambda tensor, *args, **kwargs: False, "False: any() of a check (no element "
-                  "flagged, e.g. torchvision's degenerate boxes)"),
-    "aten::all": (lambda tensor, *args, **kwargs: True, "True: all() of a check (every element "
-                  "passes)"),
-    "aten::count_nonzero": (lambda tensor, *args, **kwargs: tensor.numel(),
-                            "numel: count_nonzero (every element non-zero, as nonzero's bound)"),
-}
-"""``.item()`` of a 0-dim tensor that an op in this table made, by that op's name: the value
-and what it means. The op's arguments give the value."""
-
-
-def _scalar_kind(dtype: torch.dtype) -> str:
-    if dtype == torch.bool:
-        return "bool"
-    return "float" if dtype.is_floating_point or dtype.is_complex else "int"
-
-
 class BoundedOps:
     """The mode that runs the registered rules in a trace (enter it inside the fake mode,
     below the storage watcher, so the watcher records what the rules make) and counts them.
@@ -223,7 +199,7 @@ class BoundedOps:
     def __init__(self) -> None:
         self._mode = OpInterceptor(self._handle)
         self._uses: Counter[tuple[str, str]] = Counter()
-        self._scalars: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self.values = PythonValues()
         self._counts = ValueCounts()
 
     def __enter__(self) -> BoundedOps:
@@ -235,7 +211,8 @@ class BoundedOps:
 
     def uses(self) -> tuple[BoundedUse, ...]:
         """Every bounded op used so far, with its bound and count, in first-use order."""
-        return tuple(BoundedUse(op, bound, count) for (op, bound), count in self._uses.items())
+        return tuple(BoundedUse(op, bound, count, keeps_most_work(bound))
+                     for (op, bound), count in self._uses.items())
 
     @property
     def use_counts(self) -> Counter[tuple[str, str]]:
@@ -262,12 +239,10 @@ class BoundedOps:
             self._uses[(name, rule.bound)] += 1
             outputs = rule.make(self._counts, *args, **kwargs)
         self._counts.observe(func, name, args, kwargs, outputs)
-        convention = SCALAR_CONVENTIONS.get(name.partition(".")[0])
-        if convention is not None and isinstance(outputs, torch.Tensor) and outputs.numel() == 1:
-            self._scalars[outputs] = (convention[0](*args, **kwargs), convention[1])
+        self.values.observe(func, name, args, kwargs, outputs)
         return outputs
 
     def _scalar(self, tensor: torch.Tensor) -> object:
-        value, meaning = self._scalars.get(tensor) or SCALAR_DEFAULTS[_scalar_kind(tensor.dtype)]
+        value, meaning = self.values.read(tensor)
         self._uses[(SCALAR_OP, meaning)] += 1
         return value

@@ -277,6 +277,10 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     legacy = LegacyAutogradMode(setup.softmax_saves_input)
     offload = OffloadCounter()
     bounded = BoundedOps()     # below the watcher, which then records what its rules make
+    for name, length in setup.inputs.filled_lengths().items():
+        if isinstance(batch.kwargs.get(name), torch.Tensor):
+            bounded.values.fill(batch.kwargs[name], length,
+                                f"{length}: {name} as memcalc fills it (every sample full length)")
     host = HostTensorCounter()   # not the batch: the host estimate holds it already
     host.watch(batch.tensors(), counted=False)
     try:

@@ -1,0 +1,131 @@
+"""Values a traced step hands to Python (``.item()``, ``bool(tensor)``, ``int(tensor)``,
+``.tolist()``): fake tensors hold none, so each read gets a value by rule, and the rule says
+which side of the truth it puts the estimate on.
+
+In order: a tensor memcalc filled itself (a per-sample length input) gives the value it was
+filled with, and so does every reduction or copy of it (``lengths.max()``); a draw from a
+uniform distribution gives the top of its range, the value that keeps the most work (a
+LayerDrop draw above any drop probability keeps its layer; torchvision's random size choice
+takes the largest size); a 0-dim result of a check or count gives its passing value
+(``SCALAR_CONVENTIONS``); anything else gets a default by dtype (``SCALAR_DEFAULTS``: 0,
+0.0, False), which may skip work a real step does (a loop counted by it runs as if 0), and
+the report's head says so.
+
+Known limitations: a value computed from a filled tensor by arithmetic (``lengths.sum()``) is
+not followed; a draw from a normal distribution gets the default 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from memcalc.trace._torch_internals import WeakIdKeyDictionary, written_tensors
+
+SCALAR_OP = "aten::_local_scalar_dense"
+"""What ``.item()``, ``bool(tensor)``, ``int(tensor)`` and ``.tolist()`` run."""
+
+
+class ScalarValue(NamedTuple):
+    value: object
+    meaning: str
+    """The value and why, in words (the report's bound)."""
+
+
+SCALAR_DEFAULTS: dict[str, ScalarValue] = {
+    "bool": ScalarValue(False, "False (a flag no element raised)"),
+    "int": ScalarValue(0, "0 (a valid index, an empty count)"),
+    "float": ScalarValue(0.0, "0.0 (a value no rule covers)"),
+}
+"""``.item()`` of a tensor whose value no rule covers, by the kind of its dtype: the only
+values that can leave out work a real step does."""
+
+_TOP_OF_DRAW = ("just below the top of a uniform draw (keeps the most work: a LayerDrop draw "
+                "keeps its layer, a random choice takes the last, largest option)")
+
+
+def _below(top: float, bottom: float) -> float:
+    return math.nextafter(float(top), float(bottom))
+
+
+def _randint_top(*args, **kwargs) -> int:
+    high = args[1] if len(args) > 1 and isinstance(args[1], int) else args[0]
+    return int(high) - 1
+
+
+SCALAR_CONVENTIONS: dict[str, tuple[Callable, str]] = {
+    "aten::any": (lambda tensor, *args, **kwargs: False, "False: any() of a check (no element "
+                  "flagged, e.g. torchvision's degenerate boxes)"),
+    "aten::all": (lambda tensor, *args, **kwargs: True, "True: all() of a check (every element "
+                  "passes)"),
+    "aten::count_nonzero": (lambda tensor, *args, **kwargs: tensor.numel(),
+                            "numel: count_nonzero (every element non-zero, as nonzero's bound)"),
+    "aten::rand": (lambda *args, **kwargs: _below(1.0, 0.0), _TOP_OF_DRAW),
+    "aten::rand_like": (lambda *args, **kwargs: _below(1.0, 0.0), _TOP_OF_DRAW),
+    "aten::uniform_": (lambda tensor, low=0.0, high=1.0, *args, **kwargs: _below(high, low),
+                       _TOP_OF_DRAW),
+    "aten::randint": (_randint_top, "high - 1: the top of a random integer draw (keeps the "
+                      "most work)"),
+}
+"""``.item()`` of a one-element tensor that an op in this table made, by that op's name: the
+value (from the op's arguments) and what it means."""
+
+_READS_ELEMENTS = frozenset({
+    "aten::max", "aten::min", "aten::amax", "aten::amin", "aten::median", "aten::clone",
+    "aten::_to_copy", "aten::select", "aten::slice", "aten::view", "aten::unsqueeze",
+    "aten::squeeze", "aten::expand", "aten::alias", "aten::detach", "aten::index_select",
+    "aten::reshape", "aten::_unsafe_view", "aten::lift_fresh"})
+"""Ops whose output holds only values of their first input: a filled input's value goes on."""
+
+
+def keeps_most_work(meaning: str) -> bool:
+    """False for the defaults, the values that may leave out work a real step does."""
+    return meaning not in {default.meaning for default in SCALAR_DEFAULTS.values()}
+
+
+class PythonValues:
+    """Values for the reads of one trace: ``fill`` marks a tensor memcalc filled, ``observe``
+    follows each op, ``read`` answers a read of a tensor."""
+
+    def __init__(self) -> None:
+        self._made: WeakIdKeyDictionary = WeakIdKeyDictionary()   # tensor -> ScalarValue
+        self._filled: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> ScalarValue
+
+    def fill(self, tensor: torch.Tensor, value: object, meaning: str) -> None:
+        self._filled[tensor.untyped_storage()] = ScalarValue(value, meaning)
+
+    def observe(self, func, name: str, args, kwargs, outputs) -> None:
+        if self._filled:
+            for tensor in written_tensors(func, args, kwargs):
+                self._filled.pop(tensor.untyped_storage(), None)
+        base = name.partition(".")[0]
+        first = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else outputs
+        if not isinstance(first, torch.Tensor):
+            return
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        filled = self._filled.get(source.untyped_storage()) if source is not None else None
+        if filled is not None and base in _READS_ELEMENTS:
+            self._filled[first.untyped_storage()] = filled
+            return
+        convention = SCALAR_CONVENTIONS.get(base)
+        if convention is not None and first.numel() == 1:
+            self._made[first] = ScalarValue(convention[0](*args, **kwargs), convention[1])
+
+    def read(self, tensor: torch.Tensor) -> ScalarValue:
+        kind = _scalar_kind(tensor.dtype)
+        found = self._filled.get(tensor.untyped_storage()) or self._made.get(tensor)
+        if found is None:
+            return SCALAR_DEFAULTS[kind]
+        return ScalarValue(_CASTS[kind](found.value), found.meaning)
+
+
+_CASTS: dict[str, Callable] = {"bool": bool, "int": int, "float": float}
+
+
+def _scalar_kind(dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "bool"
+    return "float" if dtype.is_floating_point or dtype.is_complex else "int"

@@ -1,0 +1,62 @@
+"""Values a traced step reads from tensors: the value that keeps the most work, the value
+memcalc filled, and the default that may skip work, which the report's head names."""
+
+import pytest
+import torch
+
+import memcalc
+from memcalc.trace._torch_internals import fake_cpu_mode
+from memcalc.trace.bounded_ops import BoundedOps
+from memcalc.trace.python_values import SCALAR_DEFAULTS, SCALAR_OP
+
+MODELS = "tests.fixtures.models"
+
+
+def _estimate(model: str, shape, **options):
+    return memcalc.estimate(f"{MODELS}:{model}", shape, batch_size=2, device="cpu", **options)
+
+
+def _reads(report) -> dict[str, bool]:
+    return {use.bound: use.keeps_most_work for use in report.device.bounded_sizes
+            if use.op == SCALAR_OP}
+
+
+def test_a_layer_drop_draw_keeps_every_layer_as_a_step_without_layer_drop_does():
+    # torchaudio's wav2vec2 drew 0.0 <= layer_drop: all 12 layers skipped, a third of a real step
+    dropping = _estimate("layer_drop", (32,), model_args={"p": 0.0})
+    without = _estimate("layer_drop", (32,), model_args={"p": None})
+    assert dropping.device.peak_allocated_bytes == without.device.peak_allocated_bytes
+    assert dropping.device.breakdown.activations == without.device.breakdown.activations > 0
+    assert list(_reads(dropping).values()) == [True]
+
+
+def test_a_random_choice_takes_its_largest_option():
+    report = _estimate("random_size", (3, 4, 4))
+    assert report.input.output_shape == (2, 4, 24, 24)
+    assert all(_reads(report).values())
+
+
+def test_a_length_input_memcalc_fills_is_read_back_as_the_sequence_length():
+    # torchaudio's Conformer read max(lengths) as 0 and fell back to a static count
+    report = _estimate("length_masked", (10, 16), inputs={"lengths": ((), "int64")})
+    assert report.device.method == "traced"
+    assert report.input.output_shape == (2, 10, 16)
+    (meaning, keeps), = _reads(report).items()
+    assert meaning.startswith("10: lengths as memcalc fills it") and keeps
+
+
+def test_a_read_no_rule_covers_gets_the_default_and_is_flagged_as_possibly_short():
+    report = _estimate("item_gate", (8,))
+    assert _reads(report) == {SCALAR_DEFAULTS["float"].meaning: False}
+
+
+@pytest.mark.parametrize("make, expected", [
+    (lambda: torch.rand(1), 1.0),
+    (lambda: torch.empty(1).uniform_(2.0, 5.0), 5.0),
+    (lambda: torch.randint(3, 7, (1,)), 6),
+    (lambda: torch.randint(7, (1,)), 6),
+])
+def test_draws_are_read_at_the_top_of_their_range(make, expected):
+    with fake_cpu_mode(), BoundedOps():
+        value = make().item()
+    assert value == pytest.approx(expected) and value <= expected
