@@ -95,7 +95,9 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
     plan = batch_plan(prepared, usable, step) if usable is not None else None
-    batch_size = spec.batch_size or reported_batch(plan, spec, step)
+    # a static count reports no largest batch (its plan stays for the planner, marked static)
+    traced = prepared.device_report(step).method == "traced"
+    batch_size = spec.batch_size or (reported_batch(plan, spec, step) if traced else step)
     device = prepared.device_report(batch_size)
     windows = window_plan(prepared, device, partial(_report_at, layer_tables=layer_tables))
     if windows is not None:

@@ -190,3 +190,13 @@ def test_a_batch_that_cannot_train_says_so_and_the_line_skips_it():
     text = console.export_text()
     assert "1: cannot train at this batch" in text and "STATIC" not in text
     assert "line through traced batches 8 and" in text
+
+
+def test_a_static_count_plans_no_batch_on_a_gpu():
+    # it planned "batch 16777216 needs 1.10 GiB" from a count without activations
+    report = estimate(TrainingSpec(model="tests.fixtures.models:untraceable",
+                                   model_args={"kind": "bincount"}, sample_shape=(8,), gpu="T4"))
+    assert report.device.method == "static"
+    assert report.device.batch_size == 1 and report.device.max_batch_size is None
+    assert report.host.spec.batch_size == 1
+    assert {point.method for point in report.device.plan.points} == {"static"}

@@ -280,7 +280,9 @@ class DeviceReport(BaseModel):
     @computed_field
     @property
     def max_batch_size(self) -> int | None:
-        return self.plan.max_batch_size if self.plan else None
+        """None for a static estimate: a count without a traced step is no evidence for a
+        largest batch (``plan`` keeps the static line, its points marked static)."""
+        return self.plan.max_batch_size if self.plan and self.method == "traced" else None
 
     @computed_field
     @property

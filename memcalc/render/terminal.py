@@ -30,8 +30,8 @@ def report_renderable(report: Report, show_layers: bool = False, details: bool =
     device = report.device
     parts = [Panel(_head(report), title="memcalc estimate", expand=False),
              _breakdown_table(report, details)]
-    if device.plan is not None:
-        parts.append(_plan_panel(report))
+    if device.plan is not None and (device.method == "traced" or details):
+        parts.append(_plan_panel(report))   # a static line plans no batch: --details only
     if device.card_fits:
         parts.append(cards_table(device) if details else cards_line(device))
     if device.top_modules:

@@ -77,7 +77,8 @@ def _step_verdict(report: Report) -> str:
             return (f"FIT UNKNOWN (STATIC): the rank of {parallel.describe()} could not be "
                     f"traced; one GPU's static count at batch {device.batch_size} is "
                     f"{format_bytes(device.total_bytes)} (not sharded)")
-        return f"FIT UNKNOWN (STATIC): {needs} or more (step not traced)"
+        return (f"FIT UNKNOWN (STATIC): {needs} or more (step not traced"
+                + ("; no largest batch without a trace)" if device.capacity_bytes else ")"))
     if device.kind != "cuda":
         step = "evaluation" if report.spec.phase is StepPhase.EVAL else "training"
         return f"CPU {step}: {needs} of host RAM for the step"
