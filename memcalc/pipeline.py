@@ -36,6 +36,7 @@ from memcalc.report.assumptions import (
     attention_assumptions,
     bounded_size_assumptions,
     compiled_assumptions,
+    skipped_workspace_assumptions,
     step_assumptions,
     step_unsupported,
 )
@@ -155,6 +156,7 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            halo_exchange_bytes=device.halo_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes)
         + bounded_size_assumptions(device.bounded_sizes)
+        + skipped_workspace_assumptions(device.skipped_workspace_bytes)
         + compiled_assumptions(setup.compile_regions, device.compile_fallbacks)
         + attention_assumptions(device.attention_backends, prepared.target.gpu)
         + ([f"the model's own hooks failed on the trace's fake tensors ({prepared.hooks_left_out}"

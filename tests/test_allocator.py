@@ -120,6 +120,7 @@ def test_an_optional_request_beyond_the_limit_is_given_up():
     events = _events((0, 60 * MiB), (1, 50 * MiB), (1, -50 * MiB), (2, 30 * MiB), optional={1})
     result = replay(events, limit_bytes=100 * MiB)
     assert result.fits and result.skipped_optional_bytes == 50 * MiB
+    assert result.skipped_records == {1}
 
 
 def test_empty_cache_marker_returns_free_segments():

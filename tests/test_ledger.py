@@ -28,3 +28,19 @@ def test_empty_ledger_has_no_peak():
     ledger = MemoryLedger()
     assert ledger.peak_record() is None
     assert sum(ledger.bytes_by_category_at_peak().values()) == 0
+
+
+def test_a_ledger_without_skipped_workspaces_has_the_peak_a_replay_at_capacity_sees():
+    ledger = MemoryLedger()
+    ledger.allocate(100, Phase.SETUP, 0, "", C.PARAMETER)
+    act = ledger.allocate(50, Phase.FORWARD, 1, "conv", C.ACTIVATION)
+    workspace = ledger.allocate(80, Phase.FORWARD, 1, "conv", C.WORKSPACE, optional=True)
+    ledger.free(workspace)                                   # peak with it: 230
+    grad = ledger.allocate(60, Phase.BACKWARD, 1, "", C.GRADIENT)   # without it: 210
+    ledger.free(act)
+    assert ledger.peak_bytes == 230 and ledger.peak_record() is workspace
+    kept = ledger.without(frozenset({workspace.record_id}))
+    assert kept.peak_bytes == 210 and kept.peak_record() is grad
+    at_peak = kept.bytes_by_category_at_peak()
+    assert at_peak[C.WORKSPACE] == 0 and sum(at_peak.values()) == 210
+    assert ledger.without(frozenset()) is ledger and ledger.peak_bytes == 230

@@ -200,3 +200,18 @@ def test_a_static_count_plans_no_batch_on_a_gpu():
     assert report.device.batch_size == 1 and report.device.max_batch_size is None
     assert report.host.spec.batch_size == 1
     assert {point.method for point in report.device.plan.points} == {"static"}
+
+
+def test_one_replay_decides_every_figure_of_a_step_at_capacity():
+    # the breakdown came from the unlimited trace and the reserve from the replay at capacity:
+    # "allocated 230.77 GiB" beside a 20.84 GiB peak, "CUDA allocator reserve -210.76 GiB"
+    base = TrainingSpec(model="resnet3d", sample_shape=(3, 16, 64, 64), batch_size=4)
+    free = estimate(base).device
+    capped = estimate(base.with_changes(gpu_memory_bytes=1600 << 20,
+                                        headroom_fraction=0.0)).device
+    assert free.skipped_workspace_bytes == 0 and free.breakdown.workspaces > 0
+    assert capped.skipped_workspace_bytes > 0
+    assert capped.breakdown.workspaces < free.breakdown.workspaces
+    assert capped.breakdown.total_bytes + capped.workspace_bytes == capped.peak_allocated_bytes
+    assert capped.peak_allocated_bytes <= capped.peak_reserved_bytes
+    assert max(point.live_bytes for point in capped.timeline) == capped.breakdown.total_bytes

@@ -79,6 +79,8 @@ class AllocatorReplay:
     oom_event: int | None = None
     skipped_optional_bytes: int = 0
     """Optional requests (workspaces) that did not fit and were left out."""
+    skipped_records: frozenset[int] = frozenset()
+    """The ledger records of those requests."""
 
     @property
     def fits(self) -> bool:
@@ -251,12 +253,12 @@ def replay(events: Iterable[MemoryEvent], resident_bytes: Iterable[int] = (),
     ``resident_bytes`` are allocated first and never freed (library workspaces);
     ``limit_bytes`` is what the allocator may reserve (capacity minus what lies outside it).
     """
-    allocator, blocks, skipped = CachingAllocatorModel(settings, limit_bytes), {}, 0
+    allocator, blocks, skipped = CachingAllocatorModel(settings, limit_bytes), {}, {}
     try:
         for nbytes in resident_bytes:
             allocator.malloc(nbytes)
     except OutOfMemory:
-        return _result(allocator, oom_event=-1, skipped=0)
+        return _result(allocator, oom_event=-1, skipped={})
     for index, event in enumerate(events):
         if event.record_id == EMPTY_CACHE_RECORD:
             allocator.empty_cache()
@@ -266,7 +268,7 @@ def replay(events: Iterable[MemoryEvent], resident_bytes: Iterable[int] = (),
             except OutOfMemory:
                 if not event.optional:
                     return _result(allocator, oom_event=index, skipped=skipped)
-                skipped += event.delta_bytes
+                skipped[event.record_id] = event.delta_bytes
         elif event.record_id in blocks:
             allocator.free(blocks.pop(event.record_id))
     return _result(allocator, oom_event=None, skipped=skipped)
@@ -298,6 +300,8 @@ def least_limit_replay(events: list[MemoryEvent], resident_bytes: list[int],
     return best
 
 
-def _result(allocator: CachingAllocatorModel, oom_event: int | None, skipped: int) -> AllocatorReplay:
+def _result(allocator: CachingAllocatorModel, oom_event: int | None,
+            skipped: dict[int, int]) -> AllocatorReplay:
     return AllocatorReplay(allocator.peak_reserved_bytes, allocator.peak_allocated_bytes,
-                           allocator.segment_count, oom_event, skipped)
+                           allocator.segment_count, oom_event, sum(skipped.values()),
+                           frozenset(skipped))

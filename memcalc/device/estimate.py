@@ -60,10 +60,6 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
     asked)."""
     spec, gpu, profile, usable_bytes = target.spec, target.gpu, target.profile, target.usable_bytes
     ledger = trace.ledger
-    per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
-                        key=lambda item: (-item[1], item[0]))
-    peak_record = ledger.peak_record()
-    compute_peak, optimizer_peak = ledger.phase_peaks()
     cuda_fields = {}
     if spec.device is DeviceKind.CUDA:
         uses_matmul = bool(trace.op_names & CUBLAS_OPS)
@@ -93,7 +89,15 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
             least_reserved_bytes=(least.peak_reserved_bytes
                                   if least is not None and limited is None else None),
             workspace_bytes=sum(workspaces), context_bytes=context,
-            cudnn_calls=trace.cudnn_calls, env_profile=profile.name, runs_at_capacity=runs)
+            cudnn_calls=trace.cudnn_calls, env_profile=profile.name, runs_at_capacity=runs,
+            skipped_workspace_bytes=reserved.skipped_optional_bytes)
+        # one replay decides every figure: the breakdown, modules and timeline leave out the
+        # workspaces it could not place (cuDNN then runs a plan that needs less)
+        ledger = ledger.without(reserved.skipped_records)
+    per_module = sorted(ledger.activation_bytes_by_module_at_peak().items(),
+                        key=lambda item: (-item[1], item[0]))
+    peak_record = ledger.peak_record()
+    compute_peak, optimizer_peak = ledger.phase_peaks()
     return DeviceReport(
         kind=spec.device.value,
         batch_size=batch_size,

@@ -219,6 +219,9 @@ class DeviceReport(BaseModel):
     """CUDA context and loaded kernels (outside the allocator; 0 on CPU)."""
     cudnn_calls: int = 0
     """cuDNN calls of the traced iterations given a workspace (forward, dgrad, wgrad)."""
+    skipped_workspace_bytes: int = 0
+    """cuDNN workspaces the deciding replay could not place, summed over the step (cuDNN
+    runs a plan that needs less there): left out of every figure of the report."""
     env_profile: str | None = None
     """Name of the environment profile the CUDA figures come from."""
     runs_at_capacity: bool | None = None

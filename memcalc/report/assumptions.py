@@ -252,6 +252,15 @@ def bounded_size_assumptions(bounded_sizes: Sequence[BoundedSize]) -> list[str]:
     return lines
 
 
+def skipped_workspace_assumptions(skipped_bytes: int) -> list[str]:
+    """What the replay at capacity left out, when it left anything out."""
+    if not skipped_bytes:
+        return []
+    return [f"cuDNN workspaces of {format_bytes(skipped_bytes)} in all did not fit at the "
+            "capacity and are left out of every figure: cuDNN falls back to plans that need "
+            "less there (the step can be slower)"]
+
+
 def attention_assumptions(attention_backends: dict[str, int], gpu: GpuSpec | None) -> list[str]:
     """Which CUDA attention kernel the traced step's SDPA calls ran, and what each keeps."""
     if not attention_backends:

@@ -99,6 +99,21 @@ class MemoryLedger:
         """Mark where the allocator's cache is emptied (no bytes change hands)."""
         self.events.append(MemoryEvent(EMPTY_CACHE_RECORD, 0))
 
+    def without(self, record_ids: frozenset[int]) -> MemoryLedger:
+        """The same step with these allocations left out (optional workspaces an allocator
+        replay under a limit could not place): the ledger the figures at capacity come from."""
+        if not record_ids:
+            return self
+        kept = MemoryLedger(records=self.records)
+        for event in self.events:
+            if event.record_id in record_ids:
+                continue
+            kept.events.append(event)
+            kept.live_bytes += event.delta_bytes
+            if kept.live_bytes > kept.peak_bytes:
+                kept.peak_bytes, kept.peak_event_count = kept.live_bytes, len(kept.events)
+        return kept
+
     def records_live_at_peak(self) -> list[StorageRecord]:
         """Replay events up to the peak and return the records alive there."""
         live: set[int] = set()
