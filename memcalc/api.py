@@ -213,7 +213,10 @@ def check_spec(spec: TrainingSpec) -> Report:
     if spec.batch_size is None or (spec.gpu is None and spec.gpu_memory_bytes is None):
         raise InputError("check needs a batch size and a capacity: give --batch-size and "
                          "--gpu NAME or --gpu-memory SIZE")
-    report = estimate_spec(spec)
+    # whether the batch fits needs one trace; the largest batch only where it does not
+    report = estimate_spec(spec, batch_search=False)
+    if report.device.fits is False:
+        report = estimate_spec(spec)
     problems = _problems(report)
     untraced = [device for device in (report.device, report.validation)
                 if device is not None and device.method != "traced"]
@@ -234,7 +237,7 @@ def _untraced_message(report: Report, device: DeviceReport) -> str:
                 for line in report.unsupported if line.startswith(TRACE_FAILED_PREFIX)), "")
     return (f"fit unknown: the {step} step could not be traced ({why or 'see the report'}); "
             f"the static lower bound for batch {device.batch_size} is "
-            f"{format_bytes(device.total_bytes)} of {format_bytes(device.plan.usable_bytes)} "
+            f"{format_bytes(device.total_bytes)} of {format_bytes(device.usable_bytes)} "
             "usable, which does not show that it fits")
 
 
@@ -246,7 +249,7 @@ def _problems(report: Report) -> list[str]:
         rank = parallel.per_gpu() if parallel else ""
         problems.append(
             f"batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} on the GPU, "
-            f"{format_bytes(device.plan.usable_bytes)} usable"
+            f"{format_bytes(device.usable_bytes)} usable"
             + (f" (largest batch that fits: {largest})" if largest else " (not even batch 1 fits)"))
     validation = report.validation
     if validation is not None and validation.fits is False:

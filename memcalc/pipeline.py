@@ -53,38 +53,42 @@ from memcalc.trace.tracer import StepSetup
 
 
 def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
-             layer_tables: dict[str, tuple] | None = None, card_fits: bool = True) -> Report:
+             layer_tables: dict[str, tuple] | None = None, card_fits: bool = True,
+             batch_search: bool = True) -> Report:
     """Estimate the memory of one training step described by ``spec``; plan the batch size
     when a GPU or a memory size is given; estimate host RAM and DataLoader workers.
     With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it).
     ``layer_tables``: torchinfo's tables kept across the estimates of one plan, which share
-    them (see ``_layer_table``). ``card_fits``: without a GPU or memory size, also find the
+    them (see ``_layer_table``). ``batch_search``: False with a batch size and a capacity
+    answers only whether that batch fits (one trace; ``device.plan`` stays None).
+    ``card_fits``: without a GPU or memory size, also find the
     largest batch on the common cards (``memcalc.device.card_fit``: a second trace for the
     line, and up to ``CONFIRM_TRACES`` more to confirm); False leaves ``device.card_fits``
     empty."""
     with callers_torch_modes_set_aside():
-        report = _estimate(spec, progress, layer_tables, card_fits)
+        report = _estimate(spec, progress, layer_tables, card_fits, batch_search)
         validating = spec.validation_spec()
         if validating is None:
             return report
         idle = idle_workers_bytes(report.host) if report.host else 0
         validation = _estimate(validating, progress, layer_tables, card_fits=False,
-                               resident_worker_bytes=idle)
+                               batch_search=batch_search, resident_worker_bytes=idle)
         return report.model_copy(update={"validation": validation.device,
                                          "validation_host": validation.host})
 
 
 def _estimate(spec: TrainingSpec, progress: Progress | None,
               layer_tables: dict[str, tuple] | None, card_fits: bool,
-              resident_worker_bytes: int = 0) -> Report:
+              batch_search: bool = True, resident_worker_bytes: int = 0) -> Report:
     if spec.machine is None:      # checked now, not after the trace, on the detected machine
         _workers_within_cpus(spec.loader, detect_machine())
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
     prepared = _prepare(spec, measurement, layer_tables)
     try:
-        return _planned_report(spec, prepared, measurement, card_fits, progress,
-                               resident_worker_bytes, layer_tables)
+        return _planned_report(spec, prepared, measurement, card_fits and batch_search,
+                               progress, resident_worker_bytes, layer_tables,
+                               batch_search=batch_search or spec.batch_size is None)
     finally:     # what the model's own hooks kept of the trace's tensors
         clear_traced_tensors(prepared.model)
 
@@ -92,13 +96,15 @@ def _estimate(spec: TrainingSpec, progress: Progress | None,
 def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
                     measurement: WorkerMeasurement | None, card_fits: bool,
                     progress: Progress | None, resident_worker_bytes: int,
-                    layer_tables: dict[str, tuple] | None) -> Report:
+                    layer_tables: dict[str, tuple] | None, *, batch_search: bool = True
+                    ) -> Report:
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
-    plan = batch_plan(prepared, usable, step) if usable is not None else None
+    plan = batch_plan(prepared, usable, step) if usable is not None and batch_search else None
     # a static count reports no largest batch (its plan stays for the planner, marked static)
-    traced = prepared.device_report(step).method == "traced"
-    batch_size = spec.batch_size or (reported_batch(plan, spec, step) if traced else step)
+    batch_size = spec.batch_size or (reported_batch(plan, spec, step)
+                                     if prepared.device_report(step).method == "traced"
+                                     else step)
     device = prepared.device_report(batch_size)
     windows = window_plan(prepared, device, partial(_report_at, layer_tables=layer_tables))
     if windows is not None:

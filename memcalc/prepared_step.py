@@ -16,6 +16,7 @@ from memcalc.errors import TraceError
 from memcalc.model.layout import LayoutDecision
 from memcalc.model.user_hooks import user_hooks, without_user_hooks
 from memcalc.specs import TrainingSpec
+from memcalc.progress import announce
 from memcalc.trace.tracer import StepSetup, TraceResult, trace_training_step
 
 
@@ -104,6 +105,8 @@ class PreparedStep:
         if batch_size not in self.traces:
             self.traces[batch_size] = None
             if self._should_trace(batch_size):
+                announce(f"tracing the step at batch {batch_size} ({len(self.traces) - 1} "
+                         "traced so far)")
                 setup = replace(self.setup,
                                 batch_shape=(batch_size, *self.layout.traced_sample_shape))
                 try:

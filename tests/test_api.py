@@ -42,6 +42,23 @@ def test_check_returns_the_report_when_it_fits():
     assert report.device.fits and report.device.batch_size == 8
 
 
+def test_check_answers_a_clear_fit_with_one_trace(monkeypatch):
+    # it ran the whole batch search (13 traces for ResNet-50) to answer yes
+    import memcalc.prepared_step as prepared_step
+
+    traced = []
+    original = prepared_step.trace_training_step
+    monkeypatch.setattr(prepared_step, "trace_training_step",
+                        lambda setup, *args, **kwargs: traced.append(setup.batch_shape[0])
+                        or original(setup, *args, **kwargs))
+    report = memcalc.check("mlp", (64,), batch_size=8, gpu="T4", model_args=MLP_ARGS,
+                           machine=MACHINE)
+    assert report.device.fits and traced == [8] and report.device.plan is None
+    with pytest.raises(MemoryBudgetError, match=r"largest batch that fits: \d+"):
+        memcalc.check("mlp", (64,), batch_size=10**9, gpu="T4", model_args=MLP_ARGS,
+                      machine=MACHINE)
+
+
 def test_check_raises_with_numbers_and_the_fixes_that_fit():
     with pytest.raises(MemoryBudgetError) as caught:
         memcalc.check("resnet3d", (3, 128, 128, 128), batch_size=8, gpu="T4", machine=MACHINE)

@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "memcalc"
 
 # Lowest first. A module may import its own layer and those below, never one above.
 LAYERS = [
-    ("memcalc.errors", "memcalc.units", "memcalc.dtypes", "memcalc.process_defaults"),
+    ("memcalc.errors", "memcalc.units", "memcalc.dtypes", "memcalc.process_defaults",
+     "memcalc.progress"),
     ("memcalc.specs", "memcalc.host.specs", "memcalc.strategies.specs",
      "memcalc.distributed.specs", "memcalc.eval_specs"),
     ("memcalc.model",),

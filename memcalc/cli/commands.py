@@ -19,7 +19,8 @@ from memcalc.cli.options import (
     model_options,
     job_spec,
     variant_progress,
-    worker_progress,
+    command_progress,
+    worker_told,
 )
 from memcalc.cli.calibrate import calibrate
 from memcalc.cli.job_options import job_options
@@ -99,10 +100,11 @@ def estimate(ctx, plot_path, as_json, show_layers, details, verify, **options) -
         spec = job_spec(ctx, options)
         if verify:
             require_dataset(spec.loader)
-        with worker_progress(spec.loader.dataset is not None and not as_json) as progress:
-            report = run_estimate(spec, progress)
+        with command_progress(f"estimate {spec.model}"):
+            report = run_estimate(spec, worker_told)
             if verify:
-                report = report.model_copy(update={"host": with_verify(report.host, progress)})
+                report = report.model_copy(update={"host": with_verify(report.host,
+                                                                       worker_told)})
         _show(report, as_json, partial(report_renderable, show_layers=show_layers,
                                              details=details), estimate_verdict)
         if plot_target:   # after the report is out: a failed write does not lose it
@@ -131,7 +133,8 @@ def check(ctx, as_json, **options) -> None:
     def work():
         spec = job_spec(ctx, options)
         try:
-            report = check_spec(spec)
+            with command_progress(f"check {spec.model} at batch {spec.batch_size}"):
+                report = check_spec(spec)
         except MemoryBudgetError as error:
             if as_json:
                 echo(error.report.model_dump_json(indent=2))
@@ -249,11 +252,11 @@ def host(ctx, shape, batch_size, device, as_json, spec_file, verify, **host_opti
             spec = merged_spec(HostSpec, spec, fields, explicit, spec_file)
         if verify:
             require_dataset(spec.loader)
-        with worker_progress(spec.loader.dataset is not None and not as_json) as progress:
-            report = (measured_host_estimate(spec, progress=progress) if spec.loader.dataset
+        with command_progress("host"):
+            report = (measured_host_estimate(spec, progress=worker_told) if spec.loader.dataset
                       else host_estimate(spec))
             if verify:
-                report = with_verify(report, progress)
+                report = with_verify(report, worker_told)
         _show(report, as_json, host_renderable, host_verdict)
 
     _run_guarded(ctx, work)
@@ -288,9 +291,9 @@ def feed(ctx, *, dataset, step_time, batch_size, counts, batches, cpus, consumer
 
     def work():
         loaded = check_feed_dataset(dataset, batch_size, counts, batches)   # before measuring
-        with worker_progress(not as_json) as progress:
+        with command_progress(f"feed {dataset}"):
             sample = measure_worker(LoaderSpec(dataset=dataset, probe_seconds=15), batch_size,
-                                    progress=progress)
+                                    progress=worker_told)
             result = feed_check(dataset, batch_size, step_time, counts,
                                 seconds_per_sample=sample.feeding_seconds_per_sample,
                                 cpus=cpus or detect_machine().cpus, batches=batches,

@@ -109,23 +109,26 @@ def _spinner(description: str):
 
 
 @contextmanager
-def worker_progress(enabled: bool):
-    """A spinner on stderr while a real worker is measured; yields the progress callback."""
-    if not enabled:
-        yield None
-        return
-    with _spinner("real DataLoader worker: building the Dataset") as describe:
-        def told(phase: str, batches: int, worker_bytes: int) -> None:
-            if phase == "verify":
-                describe(f"verify: real DataLoader, batch {batches}, "
-                         f"{format_bytes(worker_bytes)} in use")
-            elif phase == "timing":
-                describe(f"real DataLoader worker: timing {batches} batches (memory sampler "
-                         "stopped)")
-            else:
-                describe(f"real DataLoader worker: memory, batch {batches}, worker "
-                         f"{format_bytes(worker_bytes)}")
-        yield told
+def command_progress(description: str):
+    """A spinner on stderr (a terminal only) for the command's work, told what is being done
+    by every ``memcalc.progress.announce`` made meanwhile."""
+    from memcalc.progress import listening
+
+    with _spinner(description) as describe, listening(describe):
+        yield
+
+
+def worker_told(phase: str, batches: int, worker_bytes: int) -> None:
+    """A real worker's measurement, announced (``measure_worker``'s progress callback)."""
+    from memcalc.progress import announce
+
+    if phase == "verify":
+        announce(f"verify: real DataLoader, batch {batches}, {format_bytes(worker_bytes)} in use")
+    elif phase == "timing":
+        announce(f"real DataLoader worker: timing {batches} batches (memory sampler stopped)")
+    else:
+        announce(f"real DataLoader worker: memory, batch {batches}, worker "
+                 f"{format_bytes(worker_bytes)}")
 
 
 @contextmanager

@@ -280,6 +280,11 @@ class DeviceReport(BaseModel):
         within = self.total_bytes <= self.capacity_bytes - self.headroom_bytes
         return None if within and self.method != "traced" else within
 
+    @property
+    def usable_bytes(self) -> int | None:
+        """Capacity minus headroom: what the step may use; None without a capacity."""
+        return None if self.capacity_bytes is None else self.capacity_bytes - self.headroom_bytes
+
     @computed_field
     @property
     def max_batch_size(self) -> int | None:

@@ -211,6 +211,6 @@ def fits_summary(report: Report) -> str:
     where = (f" (WARNING: this machine's, {machine.described()}, not the training node's: "
              "give --cpus and --ram)" if machine.detected else "")
     return (f"FITS: batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} of "
-            f"{format_bytes(device.plan.usable_bytes)} usable; {counted(host.num_workers, 'worker')} "
+            f"{format_bytes(device.usable_bytes)} usable; {counted(host.num_workers, 'worker')} "
             f"need{'s' if host.num_workers == 1 else ''} {format_bytes(host.peak_bytes)} of host "
             f"RAM{where}" + default_reads_warning(report))
