@@ -88,8 +88,7 @@ class PreparedStep:
         the same trace, replayed for that card."""
         key = (card, batch_size)
         if key not in self.card_reports:
-            self.card_reports[key] = self._report(batch_size, self.card_target(card),
-                                                  search_least=False)
+            self.card_reports[key] = self._report(batch_size, self.card_target(card))
         return self.card_reports[key]
 
     def card_target(self, card: str) -> DeviceTarget:

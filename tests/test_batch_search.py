@@ -128,3 +128,25 @@ def test_a_line_plan_answers_by_the_stage_that_reaches_the_budget_first():
     plan = plan_batch_on_line(report, USABLE, 1, 8, 12)
     assert plan.max_batch_size == (USABLE - 4 * 2**30) // (40 * 2**20)
     assert plan.per_sample_bytes == 40 * 2**20 and plan.model_bytes == 4 * 2**30
+
+
+def test_a_replay_that_flattens_at_capacity_is_bracketed_by_its_floor_in_few_traces():
+    # at capacity the allocator frees its cache and retries: a fitting batch's total sits at
+    # the usable memory whatever its size, so secant steps on totals crawled (13 traces for
+    # ResNet-50 on an A100); the allocated bytes (the floor) grow on to the end
+    context, fixed, per_sample, reserve = 2**29, 6 * 2**30, 81 * 2**20, 1.04
+
+    def report(batch):
+        floor = fixed + batch * per_sample
+        need = round(floor * (1 + (reserve - 1) * batch / 500)) + context
+        fits = need <= USABLE
+        total = (USABLE if batch > 200 else need) if fits else need
+        return SimpleNamespace(total_bytes=total, fits=fits, method="traced",
+                               peak_allocated_bytes=floor, peak_reserved_bytes=total - context,
+                               compute_peak_bytes=floor, optimizer_peak_bytes=floor)
+
+    traced = []
+    plan, _ = search(lambda batch: traced.append(batch) or report(batch), USABLE)
+    truth = max(b for b in range(1, 2000) if report(b).fits)
+    assert plan.max_batch_size == truth and plan.confirmed
+    assert len(traced) <= 7, traced

@@ -4,6 +4,7 @@ the finished command alive for ever)."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import gc
 import multiprocessing.util
@@ -61,7 +62,7 @@ def run() -> None:
             thread.join(max(0.0, deadline - time.monotonic()))
         stray = _running_threads()
     if not stray:
-        sys.exit(code)
+        _finish(code)
     names = ", ".join(repr(thread.name) for thread in stray)
     click.echo(f"Warning: stopped {len(stray)} thread{'s' if len(stray) > 1 else ''} ({names}) "
                "that your code started and left running", err=True)
@@ -80,9 +81,23 @@ def _stopped_outside_the_command(signum, frame) -> None:
     os._exit(code)
 
 
+def _finish(code: object) -> None:
+    """Exit as ``sys.exit(code)`` would, without the interpreter tearing down every module
+    and object one by one (about a second after a traced step: torch's caches, the traces
+    kept for the batch search): the exit handlers it would run (the user's, multiprocessing's,
+    logging's) run first."""
+    if code is not None and not isinstance(code, int):
+        click.echo(str(code), err=True)
+        code = 1
+    atexit._run_exitfuncs()   # noqa: SLF001 (what the interpreter's exit runs)
+    _exit_now(code or 0)
+
+
 def _exit_now(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):   # closed, or a reader that went away
+            if stream is not None:
+                stream.flush()
     os._exit(code)
 
 

@@ -4,8 +4,8 @@ Pure search over a function ``report_at(batch) -> DeviceReport`` (one traced ste
 its ``fits`` decides, its total steers). Two traces fit
 ``total(b) = model_bytes + b * per_sample_bytes``; the solved batch is then confirmed by
 tracing it and the next one up, and the search walks (secant steps, then bisection) until a
-traced batch fits and the next one does not; above ``RELATIVE_RESOLUTION`` samples, until the
-two are within a hundredth of the batch (the plan is then not ``confirmed``).
+traced batch fits and the next one does not; above ``EXACT_UP_TO`` samples, until the two
+are within a hundredth of the batch (the plan is then not ``confirmed``).
 """
 
 from __future__ import annotations
@@ -13,15 +13,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from memcalc.device.report import BatchPlan, DeviceReport, PlanPoint
+from memcalc.device.search_guesses import (
+    MAX_BATCH,
+    floor_bytes,
+    floor_ceiling,
+    floor_secant,
+    next_candidate,
+    over_secant,
+)
 
 FIT_BATCHES = (1, 8)
 MAX_TRACES = 20
-GROWTH = 8   # batch multiplier while the totals are still flat (no ceiling found yet)
-MAX_BATCH = 1 << 24
 RELATIVE_RESOLUTION = 100
-"""Above this batch the search stops once the largest batch is known to 1/this of itself
-(a batch that fits and one that does not, that close): one sample more or less is then
-not worth a trace. Below it the answer is exact (confirmed by the next batch up)."""
+"""Above ``EXACT_UP_TO`` the search stops once the largest batch is known to 1/this of
+itself (a batch that fits and one that does not, that close): one sample more or less is
+then not worth a trace."""
+EXACT_UP_TO = 1024
+"""Up to this batch the answer is exact (confirmed by the next batch up)."""
 
 
 def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
@@ -38,12 +46,14 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
     reports: dict[int, DeviceReport] = {}
     totals: dict[int, int] = {}
     fitting: dict[int, bool] = {}
+    floors: dict[int, int] = {}   # what the step holds before any allocator reserve
 
     def measure(batch: int) -> int:
         if batch not in totals:
             reports[batch] = report = report_at(batch)
             totals[batch] = report.total_bytes
             fitting[batch] = totals[batch] <= usable_bytes if report.fits is None else report.fits
+            floors[batch] = floor_bytes(report)
         return totals[batch]
 
     small, large = FIT_BATCHES
@@ -53,7 +63,7 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
         measure(batch)
     if not fitting[small]:
         return _plan(usable_bytes, (small, large), 0, True, reports, fitting), reports
-    best = _search(measure, totals, fitting, usable_bytes, max_steps)
+    best = _search(measure, totals, fitting, usable_bytes, max_steps, floors)
     confirmed = best + 1 in totals and not fitting[best + 1]
     # Near the answer the allocator rounds every large tensor to its own segment, so the
     # line through the smallest traced batch and the planned batch describes the operating
@@ -182,11 +192,15 @@ def _method(batch: int, report: DeviceReport, reports: dict[int, DeviceReport]) 
 
 
 def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict[int, bool],
-            usable_bytes: int, max_steps: int) -> int:
+            usable_bytes: int, max_steps: int, floors: dict[int, int] | None = None) -> int:
     """Largest traced batch that fits, tracing until the next one up is known not to.
 
     Secant steps through the bracket's ends; after two steps that land on the same side,
     one bisection step, so a curved total still converges (Illinois-style safeguard).
+    Without a ceiling yet, the totals of fitting batches flatten near the capacity (the
+    replay frees its cache and retries), so the next probe is the first batch whose floor
+    (allocated bytes, growing as they did from the smallest batch) exceeds the usable
+    memory, a batch that cannot fit: a tight bracket instead of an eightfold jump.
     """
     sides: list[bool] = []
     for _ in range(max_steps):
@@ -197,37 +211,27 @@ def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict
         if ceiling is not None and ceiling - best <= _resolution(best) or best >= MAX_BATCH:
             return best
         bisect = len(sides) >= 2 and sides[-1] == sides[-2]
-        candidate = _next_candidate(totals, best, ceiling, usable_bytes, bisect)
+        candidate = next_candidate(totals, best, ceiling, usable_bytes, bisect)
+        if ceiling is None and floors and (bisect or best > FIT_BATCHES[1]):
+            candidate = floor_ceiling(floors, best, usable_bytes)
+        elif ceiling is not None and floors and not (len(sides) >= 3 and len(set(sides[-3:])) == 1):
+            guess = floor_secant(totals, floors, best, ceiling, usable_bytes)
+            above = sorted(batch for batch in over if batch > best)
+            crawling = guess == ceiling - 1 and sides and not sides[-1] and len(above) > 1
+            candidate = (over_secant(totals, best, above[0], above[1], usable_bytes)
+                         if crawling else candidate if bisect and sides[-1] else guess)
         measure(candidate)
         sides.append(fitting[candidate])
     over = [batch for batch in totals if not fitting[batch]]
     return max(batch for batch in totals if fitting[batch] and (not over or batch < min(over)))
 
 
+
+
+
+
 def _resolution(batch: int) -> int:
-    return max(1, batch // RELATIVE_RESOLUTION)
-
-
-def _next_candidate(totals: dict[int, int], fitting: int, ceiling: int | None,
-                    usable_bytes: int, bisect: bool) -> int:
-    """Secant through the bracket's ends (or its midpoint), strictly inside the bracket."""
-    if ceiling is None:
-        others = [batch for batch in totals if batch < fitting]
-        previous = max(others) if others else fitting
-        slope = ((totals[fitting] - totals[previous]) / (fitting - previous)
-                 if previous != fitting else 0.0)
-        if bisect or slope <= 0:
-            return min(fitting * GROWTH, MAX_BATCH)
-        guess = fitting + int((usable_bytes - totals[fitting]) // slope)
-        return max(fitting + 1, min(guess, MAX_BATCH))
-    if bisect:
-        return (fitting + ceiling) // 2
-    slope = (totals[ceiling] - totals[fitting]) / (ceiling - fitting)
-    guess = fitting + int((usable_bytes - totals[fitting]) // slope) if slope > 0 else fitting + 1
-    # near the card's capacity the replayed totals flatten (the allocator frees its cache
-    # and retries), so secant steps crawl: each step takes at least an eighth of the bracket
-    margin = max(1, (ceiling - fitting) // 8)
-    return max(fitting + margin, min(guess, ceiling - margin))
+    return 1 if batch <= EXACT_UP_TO else batch // RELATIVE_RESOLUTION
 
 
 def _plan(usable_bytes: int, fit_batches: tuple[int, int], best: int, confirmed: bool,
