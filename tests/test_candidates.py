@@ -45,3 +45,29 @@ def test_the_host_cap_and_the_pinned_note_agree(offload_row):
             "batch_size": batch, "offloaded_activation_bytes": int(offloaded)})).fits
     assert fits(cap, pinned - rounding)
     assert not fits(int(cap * 1.01) + 1, (pinned + rounding) * 1.01)
+
+
+@pytest.mark.parametrize("global_batch, micro, ranks", [
+    (256, 60, 4), (256, 64, 4), (1000, 37, 8), (96, 200, 8), (7, 3, 1)])
+def test_a_global_batch_is_made_exactly_with_the_fewest_accumulation_steps(global_batch, micro,
+                                                                             ranks):
+    # it was only a minimum: 256 on 4 GPUs at micro 60 gave 2 x 60 x 4 = 480
+    from memcalc.strategies.candidates import accumulation
+
+    made = accumulation(global_batch, micro, ranks)
+    assert made.micro * made.steps * ranks == made.global_batch == global_batch
+    assert made.micro <= micro
+    fewer = [steps for steps in range(1, made.steps)
+             if global_batch % (steps * ranks) == 0 and global_batch // (steps * ranks) <= micro]
+    assert not fewer
+
+
+def test_a_global_batch_the_ranks_cannot_split_evenly_is_stated():
+    from memcalc.strategies.candidates import accumulation, global_batch_note
+
+    made = accumulation(250, 60, 4)
+    assert made.global_batch > 250 and made.micro == 60
+    assert global_batch_note(made, 250, 4) == [
+        f"global batch {made.global_batch}, not the 250 asked: 4 data-parallel ranks do not "
+        "divide it into equal micro-batches"]
+    assert global_batch_note(accumulation(256, 60, 4), 256, 4) == []

@@ -108,9 +108,9 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
     if cap is not None and cap < micro:
         micro = cap
     batching = accumulation(cluster.global_batch, micro, 1)
-    steps = batching.steps
+    steps, micro = batching.steps, batching.micro
     peak = (variant.report.device.total_bytes if micro == plan.max_batch_size   # traced there
-            else _peak(plan.model_bytes, plan.per_sample_bytes, micro))
+            else planned_peak_at(plan, max(micro, 1)))
     compute = steps * variant.compute_seconds(variant.flops_per_sample * max(micro, 1), gpu,
                                               cluster.mfu)
     notes = []
@@ -180,9 +180,10 @@ def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
 
     batching = _in_flight(accumulation(cluster.global_batch, micro, lines.data_ranks),
                           rule.micro_batches_in_flight(gpus), lines.data_ranks)
+    notes += global_batch_note(batching, cluster.global_batch, lines.data_ranks)
     return scheduled_candidate(
         rule, base, gpus=gpus, data_ranks=lines.data_ranks, batching=batching,
-        peak=peak_at(max(micro, 1)), context=(cluster, gpu, states),
+        peak=peak_at(max(batching.micro, 1)), context=(cluster, gpu, states),
         method=_static_mark(base, rule.method(base)), notes=notes,
         job_batch_peak=None if job_batch is None else peak_at(job_batch))
 
@@ -236,12 +237,39 @@ def fewest_fitting_gpus(rule: DerivedRule, base: TracedVariant, states: ModelSta
 
 
 def accumulation(global_batch: int | None, micro: int, ranks: int) -> Batching:
+    """The micro-batch per GPU and accumulation steps for ``ranks`` data-parallel ranks whose
+    largest micro-batch is ``micro``. With a global batch: the fewest steps whose equal
+    micro-batches (at most ``micro``) make exactly that batch; where none can (``ranks`` does
+    not divide it), the fewest steps at ``micro``, a global batch above the one asked (the
+    candidate's note says so)."""
     if micro < 1:
         return Batching(micro, 1, 0)
     if global_batch is None:
         return Batching(micro, 1, micro * ranks)
-    steps = math.ceil(global_batch / (micro * ranks))
-    return Batching(micro, steps, steps * micro * ranks)
+    fewest = math.ceil(global_batch / (micro * ranks))
+    if global_batch % ranks == 0:
+        per_rank = global_batch // ranks
+        steps = _smallest_divisor_from(per_rank, fewest)
+        return Batching(per_rank // steps, steps, global_batch)
+    return Batching(micro, fewest, fewest * micro * ranks)
+
+
+def _smallest_divisor_from(number: int, least: int) -> int:
+    """The smallest divisor of ``number`` that is at least ``least`` (``number`` itself at
+    most)."""
+    divisors = set()
+    for low in range(1, math.isqrt(number) + 1):
+        if number % low == 0:
+            divisors.update((low, number // low))
+    return min(divisor for divisor in divisors if divisor >= least)
+
+
+def global_batch_note(batching: Batching, global_batch: int | None, ranks: int) -> list[str]:
+    """Why a candidate's global batch is not the one asked, when it is not."""
+    if global_batch is None or batching.global_batch in (0, global_batch):
+        return []
+    return [f"global batch {batching.global_batch}, not the {global_batch} asked: "
+            f"{ranks} data-parallel ranks do not divide it into equal micro-batches"]
 
 
 def _in_flight(batching: Batching, fewest_steps: int, ranks: int) -> Batching:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 from memcalc.distributed.specs import DataParallel, ParallelSpec
 from memcalc.errors import MemcalcError
 from memcalc.specs import Precision
-from memcalc.strategies.candidates import accumulation, planned_peak_at, scheduled_candidate
+from memcalc.strategies.candidates import (accumulation, global_batch_note, planned_peak_at,
+                                           scheduled_candidate)
 from memcalc.strategies.rank_pipeline import first_microbatch, pipeline_trial, traced_pipeline
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.specs import Strategy
@@ -175,8 +176,11 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext,
     notes = [f"one rank of {parallel.describe()} traced with the real wrappers in a fake "
              f"process group: {format_bytes(device.total_bytes)} at batch {local}"
              + parallel.per_gpu()]
+    notes += global_batch_note(batching, cluster.global_batch, parallel.dp)
+    peak = (device.total_bytes if batching.micro == local
+            else planned_peak_at(plan, max(batching.micro, 1)))
     return scheduled_candidate(
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
-        batching=batching, peak=device.total_bytes,
+        batching=batching, peak=peak,
         context=(cluster, context.gpu, screened.states), method=method, notes=notes,
         job_batch_peak=planned_peak_at(plan, context.job_batch))
