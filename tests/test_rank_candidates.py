@@ -100,3 +100,12 @@ def test_no_rank_is_traced_when_none_is_asked_for_and_the_plan_says_so():
     plan = plan_spec(JOB, ClusterSpec(gpus_per_node=4, rank_traces=0))
     assert not _ranks(plan)
     assert any("none traced as a rank (--rank-traces 0)" in a for a in plan.assumptions)
+
+
+def test_the_plan_carries_a_train_script_for_its_recommendation(plan):
+    import ast
+
+    chosen = next(c for c in plan.candidates if c.label == plan.recommended)
+    ast.parse(plan.train_script)
+    assert f"the plan: {chosen.label} on {chosen.gpus} GPU(s)" in plan.train_script
+    assert plan.torchrun in plan.train_script

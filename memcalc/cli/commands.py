@@ -172,8 +172,9 @@ def check(ctx, as_json, **options) -> None:
               default=DEFAULT_RANK_TRACES, show_default=True,
               help="Most distributed rows traced as one rank of the job (0: closed forms "
                    "only, a quicker screen).")
-@click.option("--emit", type=click.Choice(["slurm", "torchrun"]),
-              help="Print only the launch file for the recommended strategy.")
+@click.option("--emit", type=click.Choice(["slurm", "torchrun", "train"]),
+              help="Print only the launch file for the recommended strategy (train: a "
+                   "train.py skeleton with its wrapping, precision and batch sizes).")
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON plan.")
 @click.option("--wide", is_flag=True,
               help="Full strategy names and every candidate (the default fits 80 columns).")
@@ -209,6 +210,8 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
             click.echo(f"DOES NOT FIT: no launch file to emit: {result.reason}", err=True)
         elif emit == "torchrun":
             echo(result.torchrun or "")
+        elif emit == "train":
+            echo(result.train_script or "")
         elif emit == "slurm":
             echo("\n".join(result.slurm or []))
         else:

@@ -1,5 +1,6 @@
-"""Launch artefacts for the recommended strategy: a torchrun command and a SLURM header
-consistent with the host plan (workers and RAM per training process)."""
+"""Launch artefacts for the recommended strategy: a torchrun command, a SLURM header
+consistent with the host plan (workers and RAM per training process), and a ``train.py``
+skeleton that carries the strategy."""
 
 from __future__ import annotations
 
@@ -7,11 +8,28 @@ import math
 
 from memcalc.host.workers import host_estimate
 from memcalc.host.report import HostReport
+from memcalc.device.gpus import GpuSpec
+from memcalc.specs import TrainingSpec
 from memcalc.strategies.report import Candidate
+from memcalc.strategies.train_script import train_script
 from memcalc.strategies.specs import ClusterSpec
 from memcalc.units import counted
 
 SCRIPT = "train.py"
+
+
+def launch_files(chosen: Candidate | None, cluster: ClusterSpec, host: HostReport | None,
+                 spec: TrainingSpec, gpu: GpuSpec) -> dict:
+    """The recommended candidate's torchrun line, SLURM header and ``train.py`` skeleton
+    (all None when nothing is recommended)."""
+    if chosen is None:
+        return {"torchrun": None, "slurm": None, "train_script": None}
+    torchrun = torchrun_command(chosen, cluster)
+    workers = host.num_workers if host is not None else 2
+    return {"torchrun": torchrun, "slurm": slurm_header(chosen, cluster, host),
+            "train_script": train_script(chosen, spec, torchrun,
+                                         "bfloat16" if gpu.bf16_tflops else "float16", workers,
+                                         cluster.global_batch)}
 
 
 def node_layout(candidate: Candidate, cluster: ClusterSpec) -> tuple[int, int]:

@@ -12,7 +12,7 @@ from memcalc.errors import InputError
 from memcalc.specs import DeviceKind, StepPhase, TrainingSpec
 from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candidate
 from memcalc.strategies.crop import largest_fitting_sample
-from memcalc.strategies.launch import slurm_header, torchrun_command
+from memcalc.strategies.launch import launch_files
 from memcalc.strategies.rank_candidates import Screened, trace_ranks
 from memcalc.device.speed import HOST_SECONDS_PER_OP
 from memcalc.strategies.ranking import TIE_SHARE, rank_key
@@ -83,8 +83,7 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
         recommended=chosen.label if chosen else None, job_batch_size=job_batch,
         reason=_static_warning(baseline) + _reason(chosen, ranked, cluster, usable,
                                                    not_splittable) + _skipped(skipped),
-        torchrun=torchrun_command(chosen, cluster) if chosen else None,
-        slurm=slurm_header(chosen, cluster, host) if chosen else None,
+        **launch_files(chosen, cluster, host, spec, gpu),
         assumptions=(_assumptions(cluster, model, not_splittable) + not_traced + failures
                      + skipped),
         largest_sample_shape=crop,

@@ -57,6 +57,9 @@ class StrategyPlan(BaseModel):
     reason: str
     torchrun: str | None
     slurm: list[str] | None
+    train_script: str | None = None
+    """A ``train.py`` skeleton with the recommended strategy's wrapping, precision,
+    checkpointing and batch sizes (``memcalc.strategies.train_script``)."""
     assumptions: list[str]
     job_batch_size: int | None = None
     """The job's own batch per GPU, at which every candidate gives ``job_batch_peak_bytes``."""
