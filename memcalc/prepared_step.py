@@ -145,14 +145,11 @@ class PreparedStep:
             self.hooks_left_out = str(error)
             return trace
 
-    def _report(self, batch_size: int, target: DeviceTarget | None = None,
-                search_least: bool = True) -> DeviceReport:
-        """``search_least``: where the step does not run, search the least memory it runs in (a
-        card's largest batch needs only whether it runs)."""
+    def _report(self, batch_size: int, target: DeviceTarget | None = None) -> DeviceReport:
         target = target or self.target
         trace = self._trace(batch_size)
         if trace is not None:
-            return traced_device_report(target, batch_size, trace, search_least=search_least)
+            return traced_device_report(target, batch_size, trace)
         return static_device_report(
             target, self.static_at(batch_size), batch_size=batch_size,
             leaf_output_elements=self.leaf_output_elements,

@@ -210,24 +210,30 @@ def _search(measure: Callable[[int], int], totals: dict[int, int], fitting: dict
                    and (ceiling is None or batch < ceiling))
         if ceiling is not None and ceiling - best <= _resolution(best) or best >= MAX_BATCH:
             return best
-        bisect = len(sides) >= 2 and sides[-1] == sides[-2]
-        candidate = next_candidate(totals, best, ceiling, usable_bytes, bisect)
-        if ceiling is None and floors and (bisect or best > FIT_BATCHES[1]):
-            candidate = floor_ceiling(floors, best, usable_bytes)
-        elif ceiling is not None and floors and not (len(sides) >= 3 and len(set(sides[-3:])) == 1):
-            guess = floor_secant(totals, floors, best, ceiling, usable_bytes)
-            above = sorted(batch for batch in over if batch > best)
-            crawling = guess == ceiling - 1 and sides and not sides[-1] and len(above) > 1
-            candidate = (over_secant(totals, best, above[0], above[1], usable_bytes)
-                         if crawling else candidate if bisect and sides[-1] else guess)
+        candidate = _next_batch(totals, floors, sorted(over), best, ceiling, usable_bytes,
+                                sides)
         measure(candidate)
         sides.append(fitting[candidate])
     over = [batch for batch in totals if not fitting[batch]]
     return max(batch for batch in totals if fitting[batch] and (not over or batch < min(over)))
 
 
-
-
+def _next_batch(totals: dict[int, int], floors: dict[int, int] | None, over: list[int],
+                best: int, ceiling: int | None, usable_bytes: int, sides: list[bool]) -> int:
+    """The next batch to trace. ``over``: the batches that did not fit, ascending;
+    ``sides``: whether each step so far fitted."""
+    bisect = len(sides) >= 2 and sides[-1] == sides[-2]
+    if floors and ceiling is None and (bisect or best > FIT_BATCHES[1]):
+        return floor_ceiling(floors, best, usable_bytes)
+    if not floors or ceiling is None or (len(sides) >= 3 and len(set(sides[-3:])) == 1):
+        return next_candidate(totals, best, ceiling, usable_bytes, bisect)
+    guess = floor_secant(totals, floors, best, ceiling, usable_bytes)
+    above = [batch for batch in over if batch > best]
+    if guess == ceiling - 1 and sides and not sides[-1] and len(above) > 1:   # crawling down
+        return over_secant(totals, best, above[0], above[1], usable_bytes)
+    if bisect and sides[-1]:
+        return next_candidate(totals, best, ceiling, usable_bytes, bisect)
+    return guess
 
 
 def _resolution(batch: int) -> int:

@@ -51,13 +51,12 @@ class DeviceTarget:
         return None if self.capacity_bytes is None else self.capacity_bytes - self.headroom_bytes
 
 
-def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult,
-                         search_least: bool = True) -> DeviceReport:
+def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult
+                         ) -> DeviceReport:
     """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context,
-    and with a capacity whether the step runs in capacity minus headroom. ``search_least``:
-    the least memory the step runs in is searched where it does not run (or with no
-    capacity); False: the peak with room to spare stands in (only whether it runs is
-    asked)."""
+    and with a capacity whether the step runs in capacity minus headroom; where it does not
+    run (or with no capacity), the least memory it runs in (which also steers the batch
+    search near the capacity)."""
     spec, gpu, profile, usable_bytes = target.spec, target.gpu, target.profile, target.usable_bytes
     ledger = trace.ledger
     cuda_fields = {}
@@ -81,9 +80,8 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         if not runs:
             unlimited = replay(ledger.events, workspaces, settings)
             failed = 0 if limited is None else max(0, usable_bytes - outside)
-            if search_least:
-                least = least_limit_replay(ledger.events, workspaces, settings, failed, unlimited)
-            reserved = least if limited is not None and least is not None else unlimited
+            least = least_limit_replay(ledger.events, workspaces, settings, failed, unlimited)
+            reserved = least if limited is not None else unlimited
         cuda_fields = dict(
             peak_reserved_bytes=reserved.peak_reserved_bytes,
             least_reserved_bytes=(least.peak_reserved_bytes
