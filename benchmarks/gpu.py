@@ -8,7 +8,8 @@ Measured: ``max_memory_allocated``, ``max_memory_reserved`` and NVML's bytes for
 (nvidia-smi's figure: what lies outside the allocator plus the reserved peak). Predicted: the
 same step traced on this machine's CPU with the built-in H100 environment profile, whose
 cuDNN rules were fitted to each convolution net's first size only; the second sizes are held
-out. Also: the allocator model replaying the real allocation histories, and step times.
+out. Also: the allocator model replaying the real allocation histories (step times:
+``benchmarks.step_time``).
 """
 
 from __future__ import annotations
@@ -24,27 +25,9 @@ from tests.fixtures import gpu_data
 from tests.fixtures.gpu_compare import FIGURES, case_errors, is_conv_net, measured_figures, replay_error
 from tests.fixtures.gpu_profile import fitted_case
 from benchmarks.results import publish
-from memcalc.device.speed import compute_seconds, launch_floor_seconds
-from memcalc.device.gpus import find_gpu
-from memcalc.pipeline import training_step_flops
 
 RESULTS = Path(__file__).with_name("results-gpu.md")
 MIB = 2**20
-MFU = 0.4   # memcalc's default --mfu
-
-
-def step_time_rows() -> list[tuple[str, float, float, float]]:
-    """(case, measured median seconds, its FLOPs at memcalc's default MFU, the host's launch
-    floor for its ops): memcalc predicts the longer of the last two."""
-    gpu = find_gpu("H100-80GB")
-    rows = []
-    for timing in gpu_data.steps()["timing"]:
-        case = next(case for case, row in gpu_data.measured_cases() if row["name"] == timing["name"])
-        flops = training_step_flops(gpu_data.spec_of(case), case.batch_size)
-        at_mfu = compute_seconds(flops.total, gpu, case.precision, MFU,
-                                 flops.convolution_fraction, case.tf32)
-        rows.append((case.name, timing["median_s"], at_mfu, launch_floor_seconds(flops.launched_ops)))
-    return rows
 
 
 def _medians(rows: list[tuple[str, dict[str, float]]]) -> str:
@@ -91,20 +74,8 @@ def report_lines() -> list[str]:
     lines += ["Allocator model over the real allocation histories of the same steps: reserved "
               f"peak within {statistics.median(abs(e) for e in replays):.1f} % (median), "
               f"{max(abs(e) for e in replays):.1f} % at worst, {len(replays)} histories.", ""]
-    lines += ["| step | measured | FLOPs at MFU 0.4 | ops launched (25 µs each) | predicted "
-              "| predicted / measured | measured MFU |", "|---|---:|---:|---:|---:|---:|---:|"]
-    ratios, timed = [], step_time_rows()
-    for name, measured, at_mfu, launches in timed:
-        predicted = max(at_mfu, launches)
-        ratios.append(predicted / measured)
-        lines.append(f"| {name} | {measured * 1e3:.1f} ms | {at_mfu * 1e3:.1f} ms | "
-                     f"{launches * 1e3:.1f} ms | {predicted * 1e3:.1f} ms | "
-                     f"{predicted / measured:.2f} | {MFU * at_mfu / measured:.2f} |")
-    lines += ["", f"Predicted / measured step time: median {statistics.median(ratios):.2f}, "
-              f"{min(ratios):.2f} to {max(ratios):.2f} (FLOPs at MFU 0.4 alone: "
-              f"{statistics.median(r[2] / r[1] for r in timed):.2f} median, "
-              f"{min(r[2] / r[1] for r in timed):.2f} at worst). The launch floor "
-              "is a floor: 3D convolutions run below 40 % of the peak, which it does not see."]
+    lines += ["Step times of the same steps against memcalc's per-kernel model: "
+              "results-step-time.md (`python -m benchmarks.step_time`).", ""]
     lines += ["", *_largest_lines(), *table]
     return lines
 

@@ -28,8 +28,10 @@ class FeedSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     step_time_s: float | None = Field(default=None, gt=0)
-    """GPU time of one training step; None: from FLOPs and the catalog (needs --gpu)."""
-    mfu: float = Field(default=0.4, gt=0, le=1)
+    """GPU time of one training step; None: from the traced kernels and the catalog (needs
+    --gpu)."""
+    mfu: float | None = Field(default=None, gt=0, le=1)
+    """Time the step as its FLOPs at this share of the peak instead of kernel by kernel."""
     sample_time_s: float | None = Field(default=None, gt=0)
     """CPU time to load and transform one sample; None: measured with --dataset."""
     read_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0)

@@ -40,3 +40,27 @@ def test_a_step_takes_no_less_than_the_host_launching_its_ops():
     # a small step is paced by its launches whatever the card (ResNet-50 on CIFAR: ~400 ops)
     assert step_seconds(1e9, 1000, A100, Precision.FP32, 0.4) == pytest.approx(
         1000 * HOST_SECONDS_PER_OP)
+
+
+def test_a_step_is_timed_kernel_by_kernel_unless_an_mfu_is_given():
+    from memcalc.device.speed import DEFAULT_MFU, timed_step
+    from memcalc.trace.flops import StepFlops
+    from memcalc.trace.kernels import Kernel, KernelClass
+
+    flops = 10**15
+    step = StepFlops(total=flops, convolution=0, launched_ops=1,
+                     kernels=(Kernel(KernelClass.MATMUL, False, flops, 1 << 20),))
+    by_kernel = timed_step(step, flops, A100, Precision.FP32)
+    assert "timed one by one" in by_kernel.how
+    # the MFU is an output: the FLOPs over the time at the dense peak
+    assert by_kernel.mfu == pytest.approx(flops / (by_kernel.seconds * A100.fp32_tflops * 1e12))
+    # twice the FLOPs (another batch): twice the kernel's time, one host issue
+    assert timed_step(step, 2 * flops, A100, Precision.FP32).seconds == pytest.approx(
+        2 * by_kernel.seconds, rel=1e-3)
+    given = timed_step(step, flops, A100, Precision.FP32, mfu=0.25)
+    assert given.seconds == pytest.approx(compute_seconds(flops, A100, Precision.FP32, 0.25))
+    assert "--mfu" in given.how
+    unlisted = timed_step(step.model_copy(update={"kernels": ()}), flops, A100, Precision.FP32)
+    assert unlisted.seconds == pytest.approx(compute_seconds(flops, A100, Precision.FP32,
+                                                             DEFAULT_MFU))
+    assert "no kernels listed" in unlisted.how

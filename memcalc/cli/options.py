@@ -167,8 +167,9 @@ FEED_OPTIONS = [
                       "--dataset]."),
     click.option("--read-bandwidth", type=SizeType(),
                  help="Storage read rate per second, e.g. 500MB, when only the shape is known."),
-    click.option("--mfu", type=FiniteFloatRange(min=0.01, max=1), default=0.4, show_default=True,
-                 help="Share of the GPU's peak FLOP/s a training step reaches."),
+    click.option("--mfu", type=FiniteFloatRange(min=0.01, max=1),
+                 help="Time the step as its FLOPs at this share of the GPU's peak FLOP/s "
+                      "[default: kernel by kernel, the MFU an output]."),
 ]
 
 

@@ -7,8 +7,7 @@ from dataclasses import dataclass, replace
 
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import DeviceReport, StaticEstimate
-from memcalc.device.speed import (HOST_SECONDS_PER_OP, compute_seconds,
-                                  launch_floor_seconds, peak_flops)
+from memcalc.device.speed import timed_step
 from memcalc.feed.model import HeapStates, ThroughputReport, feeding_report
 from memcalc.host import HostSpec, WorkerMeasurement, detect_machine, host_estimate
 from memcalc.host.malloc_thresholds import churns, declined, malloc_advice, malloc_fix
@@ -163,18 +162,8 @@ def _step_time(inputs: HostInputs) -> tuple[float, str] | None:
         return spec.feed.step_time_s, "given (--step-time)"
     if gpu is None or spec.device is not DeviceKind.CUDA or flops is None:
         return None
-    seconds = compute_seconds(flops.total, gpu, spec.precision, spec.feed.mfu,
-                              flops.convolution_fraction, spec.cudnn_tf32)
-    rate, rate_name = peak_flops(gpu, spec.precision, flops.convolution_fraction,
-                                 spec.cudnn_tf32)
-    at_mfu = (f"{flops.total:.3g} FLOPs on {gpu.name} at {spec.feed.mfu:.0%} of its "
-              f"{rate_name} peak (--mfu)")
-    launches = launch_floor_seconds(flops.launched_ops)
-    if launches <= seconds:
-        return seconds, at_mfu
-    return launches, (f"{flops.launched_ops} ops launched by the host at "
-                      f"{HOST_SECONDS_PER_OP * 1e6:.0f} µs each (eager PyTorch; MFU "
-                      f"{flops.total / (launches * rate):.0%}), longer than {at_mfu}")
+    timed = timed_step(flops, flops.total, gpu, spec.precision, spec.cudnn_tf32, spec.feed.mfu)
+    return timed.seconds, timed.how
 
 
 def _batch_load_time(inputs: HostInputs, batch_bytes: int) -> tuple[float, str] | None:

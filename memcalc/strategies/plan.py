@@ -271,10 +271,15 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
                  "closed form"),
         f"checkpointing wraps {len(blocks)} repeated blocks"
         + (f" ({blocks[0]} … {blocks[-1]})" if blocks else " (none found: not applicable)"),
-        f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "
-        f"(catalog peak for the precision × MFU {cluster.mfu:.0%}), and no less than the host's "
-        f"time to launch the step's ops ({HOST_SECONDS_PER_OP * 1e6:.0f} µs each, eager); "
-        "communication not overlapped",
+        (f"step time = FLOPs (FlopCounterMode on the traced step, recomputation included) ÷ "
+         f"(catalog peak for the precision × MFU {cluster.mfu:.0%}, --mfu), and no less than "
+         f"the host's time to launch the step's ops ({HOST_SECONDS_PER_OP * 1e6:.0f} µs each, "
+         "eager)" if cluster.mfu is not None else
+         "step time = the traced step's kernels timed one by one (FLOPs at their engine's peak "
+         "× its measured efficiency, bytes at the memory bandwidth, issued by the host at "
+         f"{HOST_SECONDS_PER_OP * 1e6:.0f} µs per op), scaled to each row's micro-batch; "
+         "its constants fitted to timed H100 steps (benchmarks/results-step-time.md)")
+        + "; communication not overlapped",
         "traced ranks: ZeRO-1 = DDP with ZeroRedundancyOptimizer, ZeRO-2 and FSDP = FSDP2's "
         "fully_shard per repeated block plus the root (ZeRO-2 without resharding after "
         "forward; mixed precision as its MixedPrecisionPolicy(param_dtype=bfloat16 or float16, "

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memcalc.device.kernel_time import compute_floor_seconds
 from memcalc.device.speed import peak_flops
 from memcalc.strategies.candidates import distributed_candidate
 from memcalc.strategies.variants import planned_spec, traced_variant
@@ -108,7 +109,12 @@ def samples_ceiling(base: TracedVariant, gpus: int, context: PlanContext) -> flo
     so its candidate's compute time is at least this; infinite when the FLOPs are unknown."""
     if base.flops_per_sample <= 0:
         return math.inf
-    spec, cluster = base.spec, context.cluster
+    spec, cluster, step = base.spec, context.cluster, base.step
+    if cluster.mfu is None and step is not None and step.kernels and step.total:
+        # timed kernel by kernel, each layer of a slab computes at least 1/G of the whole's
+        # layer's FLOPs at that layer's rate: the base's compute floor, per sample, over G
+        floor = compute_floor_seconds(step.kernels, context.gpu, spec.cudnn_tf32)
+        return gpus * step.total / (floor * base.flops_per_sample) if floor else math.inf
     rate = max(peak_flops(context.gpu, spec.precision, share, spec.cudnn_tf32)[0]
                for share in (0.0, 1.0))
-    return gpus * rate * cluster.mfu / base.flops_per_sample
+    return gpus * rate * (cluster.mfu or 1.0) / base.flops_per_sample

@@ -67,8 +67,9 @@ class ClusterSpec(BaseModel):
     """Samples per optimizer step; None: whatever each strategy's largest batch gives."""
     interconnect: Interconnect = Interconnect.NVLINK
     """Within a node; across nodes InfiniBand is assumed."""
-    mfu: float = Field(default=0.4, gt=0, le=1)
-    """Share of the GPU's peak FLOP/s a training step reaches (model FLOPs utilisation)."""
+    mfu: float | None = Field(default=None, gt=0, le=1)
+    """Share of the GPU's peak FLOP/s a training step reaches (model FLOPs utilisation);
+    None: each step timed kernel by kernel (``memcalc.device.kernel_time``), its MFU an output."""
     gradient_as_bucket_view: bool = False
     strategy: Strategy | None = None
     """Force one strategy to be recommended (it is still evaluated and may not fit)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memcalc.device.gpus import GpuSpec
-from memcalc.device.speed import step_seconds
+from memcalc.device.speed import timed_step
 from memcalc.errors import TraceError
 from memcalc.specs import Precision, TrainingSpec
 
@@ -54,16 +54,16 @@ class TracedVariant:
     report: Report
     flops_per_sample: float
     convolution_fraction: float = 0.0
-    ops_per_step: int = 0
-    """ATen ops one step launches (forward, loss, backward), whatever its batch."""
+    step: StepFlops | None = None
+    """The traced step's FLOPs and kernels (None: not counted)."""
 
-    def compute_seconds(self, flops: float, gpu: GpuSpec, mfu: float,
+    def compute_seconds(self, flops: float, gpu: GpuSpec, mfu: float | None,
                         launched_steps: float = 1.0) -> float:
-        """Seconds of ``flops`` on ``gpu`` at this variant's precision and convolution share,
-        and no less than the host takes to launch ``launched_steps`` steps' ops."""
-        return step_seconds(flops, round(self.ops_per_step * launched_steps), gpu,
-                            self.spec.precision, mfu, self.convolution_fraction,
-                            self.spec.cudnn_tf32)
+        """Seconds of ``launched_steps`` launches of this variant's step computing ``flops``
+        in all on ``gpu``: kernel by kernel, or at ``mfu`` when given
+        (``memcalc.device.speed.timed_step``)."""
+        return timed_step(self.step, flops, gpu, self.spec.precision, self.spec.cudnn_tf32,
+                          mfu, launched_steps).seconds
 
     @property
     def strategy(self) -> Strategy:
@@ -89,13 +89,13 @@ def traced_variant(rule: TracedRule, spec: TrainingSpec,
     device = report.device
     if device.flops is not None and device.batch_size:   # counted in the trace that ran
         return TracedVariant(rule, spec, report, device.flops.total / device.batch_size,
-                             device.flops.convolution_fraction, device.flops.launched_ops)
+                             device.flops.convolution_fraction, device.flops)
     try:
         flops = estimator.flops(spec, 1)
     except TraceError:
         return TracedVariant(rule, spec, report, 0.0)
     return TracedVariant(rule, spec, report, float(flops.total), flops.convolution_fraction,
-                         flops.launched_ops)
+                         flops)
 
 
 def mixed_precision_for(gpu: GpuSpec) -> Precision:

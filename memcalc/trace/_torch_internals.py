@@ -54,6 +54,8 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.flop_counter import flop_registry
 from torch.utils.weak import WeakIdKeyDictionary
 
+from memcalc.trace.kernels import Kernel, kernel_class
+
 UNSUPPORTED_OPERATOR = UnsupportedOperatorException
 """Raised for an op that has no fake (meta) kernel, such as a custom op."""
 
@@ -519,24 +521,52 @@ class FlopCountingMode(TorchDispatchMode):
     tensors alive that activation checkpointing would free, which changes the traced peak.
 
     Also ``launched_ops``: the ops that launch work (not views, not bare allocations), what
-    the host's launch time per step grows with (``memcalc.device.speed``)."""
+    the host's launch time per step grows with, and ``kernels``: each of them in order with
+    its class, FLOPs and bytes touched (``memcalc.trace.kernels``), for the step-time model.
+    ``flops_closed`` stops adding to ``by_op`` and ``launched_ops`` (the optimizer's step is
+    timed, not counted as model FLOPs)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.by_op: Counter = Counter()
         self.launched_ops = 0
+        self.kernels: list[Kernel] = []
+        self.flops_closed = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        name = func._overloadpacket.__name__
         if (func in METADATA_OPS or getattr(func, "is_view", False)   # older torch: no is_view
-                or func._overloadpacket.__name__ in _NO_KERNEL):
+                or name in _NO_KERNEL):
             return out
-        self.launched_ops += 1
         formula = flop_registry.get(func._overloadpacket)
-        if formula is not None:
-            self.by_op[func._overloadpacket.__name__] += formula(*args, **kwargs, out_val=out)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        if not self.flops_closed:
+            self.launched_ops += 1
+            if formula is not None:
+                self.by_op[name] += flops
+        elif name in _FIRST_STEP_ONLY:
+            return out
+        self.kernels.append(_kernel(name, args, kwargs, out, flops, not self.flops_closed))
         return out
+
+
+_FIRST_STEP_ONLY = frozenset({"zeros_like", "zeros", "full", "_record_function_enter_new",
+                              "_record_function_exit"})
+"""Ops of the optimizer's step that make its state (the first step only) or mark a profiler
+range: not part of the step a job repeats."""
+
+
+def _kernel(name: str, args, kwargs, out, flops: int, batched: bool) -> Kernel:
+    tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
+    moved = sum(t.numel() * t.element_size() for t in tensors)
+    half = any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors[:2])
+    operand_dims = per_group = None
+    if "convolution" in name and len(tensors) > 2:
+        operand_dims = tensors[1].dim()
+        per_group = tensors[2 if "backward" in name else 1].shape[1]   # the weight's
+    return Kernel(kernel_class(name, operand_dims, per_group), half, flops, moved, batched)
 
 
 _NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty",

@@ -34,7 +34,8 @@ class Cursor:
 class LedgerObserver(StepObserver):
     """Stamps new storages with the phase, labels what the step made (target, activations,
     gradients, optimizer state) and counts the first iteration's FLOPs (forward, loss,
-    backward; recomputation included when checkpointing)."""
+    backward; recomputation included when checkpointing) and the kernels it launches, the
+    optimizer's step included."""
 
     def __init__(self, watcher: StorageWatcher, cursor: Cursor, ledger: MemoryLedger,
                  model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -56,10 +57,12 @@ class LedgerObserver(StepObserver):
                 if not record.freed and record.category is MemoryCategory.TEMPORARY:
                     record.category = MemoryCategory.ACTIVATION
         elif phase is Phase.OPTIMIZER:
-            self.stop_counting()
+            if self.counter is not None:   # the optimizer's step is timed, not counted
+                self.counter.flops_closed = True
             label(self.watcher, (p.grad for p in self.model.parameters()
                                   if p.grad is not None), MemoryCategory.GRADIENT)
         elif phase is Phase.ZERO_GRAD:
+            self.stop_counting()
             label(self.watcher, (value for state in self.optimizer.state.values()
                                   for value in state.values() if isinstance(value, torch.Tensor)),
                    MemoryCategory.OPTIMIZER_STATE)
@@ -77,7 +80,8 @@ class LedgerObserver(StepObserver):
     def stop_counting(self) -> None:
         if self.counter is not None:
             self.counter.__exit__(None, None, None)
-            self.flops = step_flops_of(self.counter.by_op, self.counter.launched_ops)
+            self.flops = step_flops_of(self.counter.by_op, self.counter.launched_ops,
+                                       tuple(self.counter.kernels))
             self.counter = None
 
 

@@ -64,6 +64,8 @@ class RecordedStep:
     events: tuple[tuple[int, bool], ...]
     op_names: frozenset[str]
     uses: tuple[tuple[tuple[str, str], int], ...]
+    kernels: tuple = ()
+    """The kernels the step launched, where the trace was listing them (the step-time model)."""
 
 
 @dataclass(frozen=True)
@@ -116,8 +118,9 @@ def step_signature(optimizer: torch.optim.Optimizer, context: str = "") -> str:
 @dataclass(frozen=True)
 class TraceSide:
     """What a trace lends its optimizer steps: its ledger, op names and bounded-op uses (a
-    replay adds to them), where the step is (``stamp``), what else it reports (``snapshot``)
-    and how to forget the value counts of tensors written unseen (``forget_values``)."""
+    replay adds to them), where the step is (``stamp``), what else it reports (``snapshot``),
+    how to forget the value counts of tensors written unseen (``forget_values``) and the list
+    of launched kernels, while the trace keeps one (``kernels``; a replay adds to it)."""
 
     ledger: MemoryLedger
     op_names: set[str]
@@ -125,6 +128,7 @@ class TraceSide:
     stamp: Stamp
     snapshot: Snapshot
     forget_values: Callable[[list[torch.Tensor]], None]
+    kernels: Callable[[], "list | None"] = lambda: None
 
 
 class OptimizerSteps:
@@ -171,6 +175,9 @@ class OptimizerSteps:
             else:
                 self._ledger.free(self._replayed.pop(which))
         self._trace.op_names.update(step.op_names)
+        listed = self._trace.kernels()
+        if listed is not None:
+            listed.extend(step.kernels)
         self._trace.uses.update(dict(step.uses))
         # the step writes every parameter that has a gradient: counts of their values go
         self._trace.forget_values([param for group in self._optimizer.param_groups
@@ -181,6 +188,8 @@ class OptimizerSteps:
         ledger, trace = self._ledger, self._trace
         names_before, uses_before = set(trace.op_names), Counter(trace.uses)
         first_record, first_event, before = len(ledger.records), len(ledger.events), trace.snapshot()
+        listed = trace.kernels()
+        first_kernel = len(listed) if listed is not None else 0
         self._optimizer.step()
         stamp = trace.stamp()
         closed = trace.snapshot() == before and all(
@@ -204,7 +213,8 @@ class OptimizerSteps:
         uses.subtract(uses_before)
         self._steps.append(RecordedStep(
             signature, records, tuple(events), frozenset(trace.op_names - names_before),
-            tuple((key, count) for key, count in uses.items() if count)) if closed else None)
+            tuple((key, count) for key, count in uses.items() if count),
+            tuple(listed[first_kernel:]) if listed is not None else ()) if closed else None)
 
     def finish(self) -> None:
         """End the optimizer state the steps left (its storages are freed now, in a replay as
@@ -232,7 +242,7 @@ class OptimizerSteps:
                                             record.optional))
                             for which, record in step.records)
             steps.append(RecordedStep(step.signature, records, step.events, step.op_names,
-                                      step.uses))
+                                      step.uses, step.kernels))
         while len(_RECORDINGS) >= MAX_RECORDINGS:
             del _RECORDINGS[next(iter(_RECORDINGS))]
         _RECORDINGS[self._key] = Recording(tuple(steps), recording.finish)

@@ -297,7 +297,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                 lambda: (kernels and (set(kernels.target.unmodelled),
                                       dict(kernels.target.attention_backends)),
                          workspaces and workspaces.calls),
-                bounded.forget_values), repr(_step_context(setup)), replay)
+                bounded.forget_values, lambda: observer.counter and observer.counter.kernels),
+                repr(_step_context(setup)), replay)
             iteration = (TrainingIteration(setup.body, job_model, batch, optimizer, observer,
                                            steps) if stages is None else
                          stages.iteration(setup, job_model, batch, optimizer, observer, steps))
