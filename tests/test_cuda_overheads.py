@@ -56,3 +56,23 @@ def test_lazy_loading_adds_each_library_the_step_runs():
     # (optimum-benchmark GPT-2 training: 3559.39 MB nvidia-smi - 2910.85 MB reserved)
     generic = context_bytes(GENERIC, ModuleLoading.LAZY, uses_matmul=True, uses_conv=False)
     assert abs(generic - (3559.391232e6 - 2910.846976e6)) < 1e6
+
+
+def test_a_rank_on_cuda_holds_nccls_buffers_per_communicator_of_its_mesh():
+    from memcalc.device.cuda_overheads import NCCL_COMMUNICATOR_BYTES, nccl_communicators
+    from memcalc.distributed.specs import ParallelSpec
+    from memcalc.pipeline import estimate
+    from memcalc.specs import TrainingSpec
+
+    assert nccl_communicators() == 0 and nccl_communicators(dp=8) == 1
+    assert nccl_communicators(dp=4, tp=2) == 2 and nccl_communicators(dp=2, tp=2, pp=2) == 3
+    mlp = dict(model="tests.fixtures.models:tiny_mlp", sample_shape=(8,), batch_size=4,
+               gpu="H100-80GB")
+    one = estimate(TrainingSpec(**mlp)).device
+    fsdp = estimate(TrainingSpec(**mlp, parallel=ParallelSpec(strategy="fsdp",
+                                                              gpus_per_node=8))).device
+    assert fsdp.context_bytes - one.context_bytes == NCCL_COMMUNICATOR_BYTES
+    assert fsdp.total_bytes - fsdp.peak_reserved_bytes == fsdp.context_bytes
+    on_cpu = estimate(TrainingSpec(**(mlp | {"gpu": None}), device="cpu",
+                                   parallel=ParallelSpec(strategy="fsdp", gpus_per_node=8)))
+    assert not on_cpu.device.context_bytes

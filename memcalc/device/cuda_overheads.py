@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
+from memcalc.distributed.specs import ParallelSpec
 from memcalc.specs import ModuleLoading
 
 MIB = 1 << 20
@@ -59,6 +60,26 @@ def workspace_allocations(profile: EnvProfile, gpu: GpuSpec | None,
         return []
     size = profile.cublas_workspace_bytes or cublas_workspace_bytes(gpu)
     return [size] * profile.cublas_handles
+
+
+NCCL_COMMUNICATOR_BYTES = 688 * 10**6
+NCCL_SOURCE = ("NVIDIA/nccl#964: one communicator took 688 MB per process over 4 A100s on "
+               "NVLink (544 MB over two), outside PyTorch's allocator; more with more channels "
+               "or network interfaces (1.6 GB in NVIDIA/nccl#864)")
+
+
+def nccl_communicators(dp: int = 1, tp: int = 1, pp: int = 1) -> int:
+    """NCCL communicators a rank's job opens: one per mesh dimension wider than one rank
+    (data parallel — DDP, ZeRO and FSDP collectives —, tensor parallel, the pipeline's
+    point-to-point sends)."""
+    return sum(1 for degree in (dp, tp, pp) if degree > 1)
+
+
+def job_nccl_bytes(parallel: ParallelSpec | None) -> int:
+    """NCCL's buffers of one rank of ``parallel``'s job (0 on one GPU)."""
+    if parallel is None:
+        return 0
+    return NCCL_COMMUNICATOR_BYTES * nccl_communicators(parallel.dp, parallel.tp, parallel.pp)
 
 
 def context_bytes(profile: EnvProfile, loading: ModuleLoading, *, uses_matmul: bool,

@@ -8,7 +8,7 @@ import torch
 
 from memcalc.device.allocator import least_limit_replay, replay
 from memcalc.device.allocator_settings import AllocatorSettings
-from memcalc.device.cuda_overheads import context_bytes, workspace_allocations
+from memcalc.device.cuda_overheads import context_bytes, job_nccl_bytes, workspace_allocations
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import (
@@ -65,7 +65,8 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         workspaces = workspace_allocations(profile, gpu, uses_matmul)
         settings = AllocatorSettings.from_conf(spec.allocator_conf)
         context = context_bytes(profile, spec.cuda_module_loading, uses_matmul=uses_matmul,
-                                uses_conv=bool(trace.op_names & CONV_OPS))
+                                uses_conv=bool(trace.op_names & CONV_OPS)) \
+            + job_nccl_bytes(spec.parallel)
         limited = None
         if usable_bytes is not None:
             outside = context + profile.driver_reserved_bytes
@@ -158,7 +159,8 @@ def static_device_report(target: DeviceTarget, static: StaticEstimate, *, batch_
         peak_phase=None,
         peak_iteration=None,
         context_bytes=(context_bytes(profile, spec.cuda_module_loading, uses_matmul=True,
-                                     uses_conv=uses_conv) if on_cuda else 0),
+                                     uses_conv=uses_conv) + job_nccl_bytes(spec.parallel)
+                       if on_cuda else 0),
         env_profile=profile.name if on_cuda else None,
         capacity_bytes=target.capacity_bytes, headroom_bytes=target.headroom_bytes,
     )

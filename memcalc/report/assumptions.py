@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memcalc.device.allocator_settings import AllocatorSettings
-from memcalc.device.cuda_overheads import EAGER_CONTEXT, cublas_workspace_bytes
+from memcalc.device.cuda_overheads import (
+    EAGER_CONTEXT, NCCL_COMMUNICATOR_BYTES, NCCL_SOURCE, cublas_workspace_bytes, nccl_communicators)
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
 from memcalc.device.report import BoundedSize
@@ -141,6 +142,12 @@ def _cuda_assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfi
         "matrices, allocated through the caching allocator",
         f"headroom: {spec.headroom_fraction:.0%} of capacity kept free",
     ]
+    communicators = nccl_communicators(spec.parallel.dp, spec.parallel.tp, spec.parallel.pp) \
+        if spec.parallel is not None else 0
+    if communicators:
+        lines.append(f"NCCL: {communicators} communicator(s) of this rank's mesh × "
+                     f"{format_bytes(NCCL_COMMUNICATOR_BYTES)} outside the allocator, counted "
+                     f"with the CUDA context ({NCCL_SOURCE})")
     if model_has_conv:
         error, calls = profile.cudnn.error_summary()
         lines.append(

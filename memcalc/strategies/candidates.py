@@ -7,11 +7,13 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from memcalc.device.cuda_overheads import NCCL_COMMUNICATOR_BYTES, nccl_communicators
 from memcalc.host.workers import host_estimate
 from memcalc.strategies.cost import bandwidth_bytes_per_s
 from memcalc.strategies.launch import per_process_host
 from memcalc.strategies.lines import UNBOUNDED_BATCH, Derivation, fitted_lines
 from memcalc.strategies.report import Candidate
+from memcalc.strategies.specs import Strategy
 from memcalc.units import format_bytes
 
 if TYPE_CHECKING:
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
     from memcalc.device.report import BatchPlan, DeviceReport
     from memcalc.strategies.rules import DerivedRule
     from memcalc.strategies.sharding import ModelStates
-    from memcalc.strategies.specs import ClusterSpec, Strategy
+    from memcalc.strategies.specs import ClusterSpec
     from memcalc.strategies.variants import TracedVariant, VariantEstimator
 
 HOST_LINK_BYTES_PER_S = 25e9
@@ -139,6 +141,16 @@ def single_gpu_candidate(variant: TracedVariant, cluster: ClusterSpec, gpu: GpuS
                       job_batch_peak=planned_peak_at(variant.report.device.plan, job_batch))
 
 
+def _nccl_bytes(rule: DerivedRule, kind: str, gpus: int, data_ranks: int) -> int:
+    """NCCL's buffers of one process of a closed-form row on CUDA (its traced ranks count
+    them in their context): a communicator for the data-parallel ranks, one for a
+    pipeline's sends; legacy DataParallel runs in one process, outside a process group."""
+    if kind != "cuda" or gpus < 2 or rule.strategy is Strategy.DATA_PARALLEL:
+        return 0
+    return NCCL_COMMUNICATOR_BYTES * nccl_communicators(dp=data_ranks,
+                                                        pp=gpus // max(data_ranks, 1))
+
+
 def planned_peak_at(plan: BatchPlan | None, batch: int | None) -> int | None:
     """The per-GPU total at ``batch``: traced there by the batch plan, else on its line."""
     if plan is None or batch is None:
@@ -166,7 +178,8 @@ def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
     fitted = fitted_lines(base)
     lines = rule.memory(Derivation(fitted.compute, fitted.step, base, gpus, cluster, states))
     notes = list(lines.notes)
-    context_bytes = device.context_bytes or 0
+    context_bytes = (device.context_bytes or 0) + _nccl_bytes(rule, device.kind, gpus,
+                                                             lines.data_ranks)
     budget = (plan.usable_bytes - context_bytes) / fitted.reserve
     micro = min(lines.compute.largest_batch(budget), lines.step.largest_batch(budget),
                 UNBOUNDED_BATCH)

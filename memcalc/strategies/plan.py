@@ -14,6 +14,7 @@ from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candida
 from memcalc.strategies.crop import largest_fitting_sample
 from memcalc.strategies.launch import launch_files
 from memcalc.strategies.rank_candidates import Screened, trace_ranks
+from memcalc.device.cuda_overheads import NCCL_COMMUNICATOR_BYTES, NCCL_SOURCE
 from memcalc.device.speed import HOST_SECONDS_PER_OP
 from memcalc.strategies.ranking import TIE_SHARE, rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
@@ -286,8 +287,10 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
         "reduce_dtype=float32), not autocast), pipeline = torch.distributed.pipelining's 1F1B "
         "over stages split at the repeated blocks, at the closed form's microbatch halved "
         "until the rank fits; closed-form FSDP rows gather two units at once",
-        "NCCL communicator buffers, DDP's first-iteration bucket rebuild and pipeline activation "
-        "transfers are not modelled",
+        f"NCCL's buffers: {format_bytes(NCCL_COMMUNICATOR_BYTES)} per communicator of a rank's "
+        f"mesh (data parallel, tensor parallel, pipeline sends), outside the allocator "
+        f"({NCCL_SOURCE}); DDP's first-iteration bucket rebuild and the time of pipeline "
+        "activation transfers are not modelled",
         f"when one GPU is given, distributed strategies are sized to the fewest GPUs (powers of "
         f"two up to {cluster.max_gpus}) that fit; 8 GPUs per node beyond one node",
         spatial,
