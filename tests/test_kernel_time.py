@@ -18,7 +18,7 @@ PEAK = H100.bf16_tflops * 1e12
 
 def test_many_small_kernels_are_paced_by_the_host():
     n = 1000
-    tiny = [Kernel(KernelClass.MEMORY, False, 0, 1024)] * n
+    tiny = [Kernel(KernelClass.MEMORY, "", 0, 1024)] * n
     time = step_time(tiny, H100, PEAK)
     # the host issues one every host_seconds_per_op; each runs for the shortest kernel time
     assert time.seconds == pytest.approx(n * H100_FIT.host_seconds_per_op
@@ -28,7 +28,7 @@ def test_many_small_kernels_are_paced_by_the_host():
 
 def test_one_large_matmul_is_paced_by_the_gpu():
     flops = 10**15
-    time = step_time([Kernel(KernelClass.MATMUL, True, flops, 1 << 30)], H100, PEAK)
+    time = step_time([Kernel(KernelClass.MATMUL, "bf16", flops, 1 << 30)], H100, PEAK)
     running = flops / (PEAK * H100_FIT.matmul_efficiency)
     assert time.seconds == pytest.approx(H100_FIT.host_seconds_per_op + running)
     assert not time.paced_by_host
@@ -37,8 +37,8 @@ def test_one_large_matmul_is_paced_by_the_gpu():
 
 def test_a_memory_bound_kernel_runs_at_the_bandwidth_and_the_queue_absorbs_the_host():
     moved = 8 << 30
-    big = Kernel(KernelClass.MEMORY, False, 0, moved)
-    small = Kernel(KernelClass.MEMORY, False, 0, 1024)
+    big = Kernel(KernelClass.MEMORY, "", 0, moved)
+    small = Kernel(KernelClass.MEMORY, "", 0, 1024)
     time = step_time([big] + [small] * 10, H100, PEAK)
     at_bandwidth = moved / (H100.memory_bandwidth_gbps * 1e9 * H100_FIT.bandwidth_share)
     # the ten small ones are issued while the big one runs, then run back to back
@@ -47,8 +47,8 @@ def test_a_memory_bound_kernel_runs_at_the_bandwidth_and_the_queue_absorbs_the_h
 
 
 def test_scale_grows_the_batched_kernels_only():
-    batched = Kernel(KernelClass.MEMORY, False, 0, 4 << 30)
-    optimizer = Kernel(KernelClass.MEMORY, False, 0, 4 << 30, batched=False)
+    batched = Kernel(KernelClass.MEMORY, "", 0, 4 << 30)
+    optimizer = Kernel(KernelClass.MEMORY, "", 0, 4 << 30, batched=False)
     one = step_time([batched, optimizer], H100, PEAK).kernel_seconds
     doubled = step_time([batched, optimizer], H100, PEAK, scale=2.0).kernel_seconds
     assert doubled == pytest.approx(1.5 * one)
@@ -64,10 +64,10 @@ def test_kernel_classes(op, dims, per_group, kind):
 
 
 def test_fp32_matmuls_stay_off_tensor_cores_and_convolutions_take_tf32():
-    assert peak_rate(H100, KernelClass.MATMUL, False) == (H100.fp32_tflops * 1e12, False)
-    assert peak_rate(H100, KernelClass.CONV2D, False) == (H100.tf32_tflops * 1e12, True)
-    assert peak_rate(H100, KernelClass.CONV2D, False, cudnn_tf32=False)[1] is False
-    assert peak_rate(H100, KernelClass.MATMUL, True) == (H100.bf16_tflops * 1e12, True)
+    assert peak_rate(H100, KernelClass.MATMUL, "") == (H100.fp32_tflops * 1e12, False)
+    assert peak_rate(H100, KernelClass.CONV2D, "") == (H100.tf32_tflops * 1e12, True)
+    assert peak_rate(H100, KernelClass.CONV2D, "", cudnn_tf32=False)[1] is False
+    assert peak_rate(H100, KernelClass.MATMUL, "bf16") == (H100.bf16_tflops * 1e12, True)
 
 
 def test_a_traced_step_lists_the_optimizer_step_apart():
@@ -107,3 +107,9 @@ def test_every_timed_h100_step():
     assert len(ratios) == 16
     assert 0.85 <= statistics.median(ratios) <= 1.15
     assert all(0.5 <= ratio <= 2.0 for ratio in ratios), ratios
+
+
+def test_bf16_on_a_card_without_bf16_tensor_cores_runs_at_its_fp32_rate():
+    t4 = find_gpu("T4")
+    assert peak_rate(t4, KernelClass.MATMUL, "bf16") == (t4.fp32_tflops * 1e12, False)
+    assert peak_rate(t4, KernelClass.MATMUL, "fp16") == (t4.fp16_tflops * 1e12, True)

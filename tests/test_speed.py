@@ -49,7 +49,7 @@ def test_a_step_is_timed_kernel_by_kernel_unless_an_mfu_is_given():
 
     flops = 10**15
     step = StepFlops(total=flops, convolution=0, launched_ops=1,
-                     kernels=(Kernel(KernelClass.MATMUL, False, flops, 1 << 20),))
+                     kernels=(Kernel(KernelClass.MATMUL, "", flops, 1 << 20),))
     by_kernel = timed_step(step, flops, A100, Precision.FP32)
     assert "timed one by one" in by_kernel.how
     # the MFU is an output: the FLOPs over the time at the dense peak

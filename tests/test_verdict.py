@@ -157,3 +157,18 @@ def test_a_default_value_read_from_a_tensor_is_a_warning_under_the_verdict(comma
     assert lines[1].startswith("WARNING: 2 values read from tensors") and "LOW" in lines[1]
     untouched = CliRunner().invoke(main, [command, *TINY, "--batch-size", "4", "--gpu", "T4"])
     assert "read from tensors" not in untouched.stdout
+
+
+@pytest.mark.parametrize(("gpu", "precision", "warned"), [
+    ("T4", "bf16-mixed", True), ("V100-16GB", "bf16", True), ("T4", "fp16-mixed", False),
+    ("A100-80GB", "bf16-mixed", False)])
+def test_bf16_on_a_card_without_bf16_tensor_cores_is_warned_under_the_verdict(gpu, precision,
+                                                                              warned):
+    result = CliRunner().invoke(main, ["check", "--model", "tests.fixtures.models:tiny_mlp",
+                                       "--shape", "8", "--batch-size", "2", "--gpu", gpu,
+                                       "--precision", precision, "--cpus", "2", "--ram", "8GiB"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("FITS")
+    assert any(line.startswith(f"WARNING: {gpu} ") and "no bf16 tensor cores" in line
+               for line in lines[:3]) is warned

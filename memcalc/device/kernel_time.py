@@ -91,16 +91,20 @@ class StepTime(BaseModel):
         return self.host_seconds >= self.kernel_seconds
 
 
-def peak_rate(gpu: GpuSpec, kind: KernelClass, half: bool,
+def peak_rate(gpu: GpuSpec, kind: KernelClass, half: str,
               cudnn_tf32: bool = True) -> tuple[float, bool]:
     """FLOP/s of ``kind``'s engine on ``gpu`` and whether it is a tensor-core rate: half
-    precision on tensor cores, fp32 convolutions on TF32 tensor cores where cuDNN may use them
-    (PyTorch's default), fp32 matmuls on plain fp32 (PyTorch leaves TF32 off for them);
-    depthwise convolutions on plain fp32 in any precision."""
+    precision ("bf16", "fp16") on its tensor cores where the card has them (else emulated at
+    the fp32 rate), fp32 convolutions on TF32 tensor cores where cuDNN may use them (PyTorch's
+    default), fp32 matmuls on plain fp32 (PyTorch leaves TF32 off for them); depthwise
+    convolutions on plain fp32 in any precision."""
     if kind is KernelClass.DEPTHWISE:
         return gpu.fp32_tflops * 1e12, False
-    if half and (gpu.bf16_tflops or gpu.fp16_tflops):
-        return (gpu.bf16_tflops or gpu.fp16_tflops) * 1e12, True
+    tensor_cores = {"bf16": gpu.bf16_tflops, "fp16": gpu.fp16_tflops}.get(half)
+    if tensor_cores:
+        return tensor_cores * 1e12, True
+    if half:
+        return gpu.fp32_tflops * 1e12, False
     if kind in (KernelClass.CONV2D, KernelClass.CONV3D) and cudnn_tf32 and gpu.tf32_tflops:
         return gpu.tf32_tflops * 1e12, True
     return gpu.fp32_tflops * 1e12, False

@@ -12,7 +12,7 @@ from memcalc.render.cards import cards_line, cards_table
 from memcalc.render.helpers import bullets
 from memcalc.render.host import host_renderable
 from memcalc.render.validation import validation_renderable, window_plan_text
-from memcalc.render.verdict import default_reads_warning
+from memcalc.render.verdict import verdict_warnings
 from memcalc.report.models import Report
 from memcalc.report.assumptions import step_name
 from memcalc.units import counted, format_bytes, format_count
@@ -215,4 +215,4 @@ def fits_summary(report: Report) -> str:
     return (f"FITS: batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} of "
             f"{format_bytes(device.usable_bytes)} usable; {counted(host.num_workers, 'worker')} "
             f"need{'s' if host.num_workers == 1 else ''} {format_bytes(host.peak_bytes)} of host "
-            f"RAM{where}" + default_reads_warning(report))
+            f"RAM{where}" + verdict_warnings(report))

@@ -5,7 +5,7 @@ RAM; feed: how busy the loader keeps the GPU)."""
 from __future__ import annotations
 
 from memcalc.eval_specs import StepPhase
-from memcalc.device.gpus import gpu_catalog
+from memcalc.device.gpus import find_gpu, gpu_catalog
 from memcalc.feed.check import FeedCheck
 from memcalc.host.report import HostReport
 from memcalc.render.cards import batch_text
@@ -18,7 +18,7 @@ def verdict_line(report: Report) -> str:
     """The step's verdict (``_step_verdict``); with a validation step in the job, its batch
     and bytes after it, which phase sets the job's peak, and DOES NOT FIT when only the
     validation step does not."""
-    line, validation = _step_verdict(report) + default_reads_warning(report), report.validation
+    line, validation = _step_verdict(report) + verdict_warnings(report), report.validation
     if validation is None:
         return line
     fits = {True: "fits", False: "DOES NOT FIT", None: "fit unknown"}[validation.fits]
@@ -36,6 +36,26 @@ def verdict_line(report: Report) -> str:
             else "training")
     return (f"{line}; validation: batch {validation.batch_size} needs "
             f"{format_bytes(validation.total_bytes)}, {fits}; {sets} sets the job's peak")
+
+
+def verdict_warnings(report: Report) -> str:
+    """The lines under a verdict that say its figures, or the job, may not be what they
+    seem: values read from tensors that took a default, a precision the card lacks."""
+    return default_reads_warning(report) + precision_warning(report)
+
+
+def precision_warning(report: Report) -> str:
+    """A line when bf16 is asked of a card without bf16 tensor cores (before Ampere): PyTorch
+    runs it, emulated in fp32 arithmetic, far slower than fp16-mixed."""
+    spec = report.spec
+    if spec.gpu is None or "bf16" not in spec.precision.value:
+        return ""
+    gpu = find_gpu(spec.gpu)
+    if gpu.bf16_tflops:
+        return ""
+    return (f"\nWARNING: {gpu.name} (compute capability {gpu.compute_capability}) has no bf16 "
+            f"tensor cores: --precision {spec.precision.value} runs emulated, at its fp32 "
+            f"rate; fp16-mixed is its fast half precision (memory as traced here)")
 
 
 def default_reads_warning(report: Report) -> str:

@@ -552,6 +552,8 @@ class FlopCountingMode(TorchDispatchMode):
         return out
 
 
+_HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
 _FIRST_STEP_ONLY = frozenset({"zeros_like", "zeros", "full", "_record_function_enter_new",
                               "_record_function_exit"})
 """Ops of the optimizer's step that make its state (the first step only) or mark a profiler
@@ -561,7 +563,7 @@ range: not part of the step a job repeats."""
 def _kernel(name: str, args, kwargs, out, flops: int, batched: bool) -> Kernel:
     tensors = [t for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor)]
     moved = sum(t.numel() * t.element_size() for t in tensors)
-    half = any(t.dtype in (torch.float16, torch.bfloat16) for t in tensors[:2])
+    half = next((_HALF[t.dtype] for t in tensors[:2] if t.dtype in _HALF), "")
     operand_dims = per_group = None
     if "convolution" in name and len(tensors) > 2:
         operand_dims = tensors[1].dim()

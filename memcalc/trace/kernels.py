@@ -37,11 +37,12 @@ class KernelClass(str, Enum):
 
 
 class Kernel(NamedTuple):
-    """One launched op: its class, half precision or not, FLOPs and bytes touched, and whether
-    it grows with the batch (forward, loss and backward) or not (the optimizer's step)."""
+    """One launched op: its class, its half precision ("bf16", "fp16"; "" for none), FLOPs
+    and bytes touched, and whether it grows with the batch (forward, loss and backward) or
+    not (the optimizer's step)."""
 
     kind: KernelClass
-    half: bool
+    half: str
     flops: int
     bytes: int
     batched: bool = True
