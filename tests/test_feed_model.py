@@ -117,11 +117,21 @@ def test_a_measured_receive_is_paid_between_steps_and_a_slow_hand_over_is_advice
     assert not any("file_system" in line for line in quick.advice)
 
 
-def test_smallest_worker_count_reaching_95_percent():
+def test_workers_are_recommended_with_capacity_to_spare():
+    # 8 workers build a batch per 50 ms step exactly: no margin for a slower batch
     report = feeding_report(0.05, "given", 0.4, "given", max_workers=16, cpus=16,
                             batch_bytes=1 << 20, pin_memory=False)
-    assert report.workers_needed == math.ceil(0.95 * 0.4 / 0.05) == 8
-    assert report.num_workers == 8 and report.bound == "gpu" and not report.advice
+    assert report.by_workers[8].expected_gpu_utilization >= 0.95
+    assert report.workers_needed == math.ceil(1.2 * 0.4 / 0.05) == 10
+    assert report.num_workers == 10 and report.bound == "gpu" and not report.advice
+    # one worker at 95 % of the step: two recommended
+    close = feeding_report(0.05, "given", 0.0475, "given", max_workers=4, cpus=8,
+                           batch_bytes=1 << 20, pin_memory=False)
+    assert close.by_workers[1].expected_gpu_utilization >= 0.95 and close.num_workers == 2
+    # spare capacity is never bought with utilisation: 2 CPUs and the training process
+    tight = feeding_report(0.05, "given", 0.09, "given", max_workers=2, cpus=2,
+                           batch_bytes=1 << 20, pin_memory=False)
+    assert tight.num_workers <= 2
     assert [row.num_workers for row in report.by_workers] == list(range(17))
 
 
@@ -132,7 +142,7 @@ def test_too_few_cpus_is_a_cpu_bound_verdict_with_advice():
     # the spinning main process shares the 2 cores with two workers while the GPU is busy:
     # u = (u·4/3 + (1 − u)·2)·(0.01/0.3), so u = 3/46
     assert report.expected_gpu_utilization == pytest.approx(3 / 46)
-    assert "CPU-bound: 29 workers" in report.advice[0]
+    assert "CPU-bound: 36 workers would keep the GPU busy (20% to spare)" in report.advice[0]
     io = feeding_report(0.01, "given", 0.3, "read bandwidth", max_workers=2, cpus=2,
                         batch_bytes=1 << 20, pin_memory=False)
     assert io.bound == "io" and "storage" in io.advice[1]

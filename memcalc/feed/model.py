@@ -60,6 +60,11 @@ from memcalc.host.report import MallocFix
 from memcalc.units import counted
 
 TARGET_UTILIZATION = 0.95
+SPARE_WORKER_CAPACITY = 1.2
+"""Workers enough to build batches 20 % faster than the GPU takes them: a run of batches
+slower than the mean (heavier augmentation, a storage hiccup) then does not stall the GPU
+(prefetching absorbs a single slow batch only), and workers that match the step exactly are
+never the recommendation."""
 NEAR_BEST = 0.99
 """Within this share of a ceiling counts as at it: short of the target, the fewest workers
 that reach it of the best utilisation are recommended, and "main" is the verdict where the
@@ -239,7 +244,7 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
     (0: not measured); ``busy_receive_s`` from one building its next batch; ``main_load_s``
     its own time to build a batch with no workers (None: a worker's, ``load_s``)."""
     pin_s = batch_bytes / PIN_COPY_BYTES_PER_S if pin_memory else 0.0
-    needed = max(1, math.ceil(TARGET_UTILIZATION * load_s / step_s))
+    needed = max(1, math.ceil(SPARE_WORKER_CAPACITY * load_s / step_s - 1e-9))
     table = [WorkerUtilization(num_workers=w, expected_gpu_utilization=utilization(
         w, step_s, load_s, cpus, pin_s, receive_s=receive_s, main_load_s=main_load_s,
         busy_receive_s=busy_receive_s))
@@ -251,6 +256,9 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
     best = max(row.expected_gpu_utilization for row in table)
     chosen = reaching[0] if reaching else next(
         row.num_workers for row in table if row.expected_gpu_utilization >= NEAR_BEST * best)
+    spare = min(needed, max_workers)     # spare capacity where it costs no utilisation
+    if spare > chosen and table[spare].expected_gpu_utilization >= table[chosen].expected_gpu_utilization:
+        chosen = spare
     expected = table[chosen].expected_gpu_utilization
     bound = _bound(expected, step_s / (step_s + receive_s), load_source)
     handover = slow_handover_warning(receive_s, busy_receive_s)
@@ -268,7 +276,9 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
         + ([handover] if handover else []),
         assumptions=[
             "workers build batches in parallel, one each at a time; prefetch absorbs jitter "
-            f"only; with 0 workers loading and the step alternate ({building})",
+            f"only; with 0 workers loading and the step alternate ({building}); workers "
+            f"enough to build {SPARE_WORKER_CAPACITY - 1:.0%} faster than the GPU takes "
+            "batches are needed, so that slower batches do not stall it",
             f"{cpus} CPUs: the training process runs through its step (kernel launches, then "
             "CUDA's spin-wait synchronisation) and shares the cores fairly with the workers ("
             + ("it keeps a whole core: batches wait for a busy worker's GIL"
@@ -300,7 +310,8 @@ def _advice(bound: str, needed: int, max_workers: int, expected: float, pin_s: f
                 "(uint8 or float16, normalised on the GPU)"]
     limit = (f"at most {max_workers} fit the CPUs and RAM" if needed > max_workers else
              "the CPUs they would each need are shared with the training process")
-    lines = [f"{bound.upper()}-bound: {counted(needed, 'worker')} would keep the GPU busy but "
+    lines = [f"{bound.upper()}-bound: {counted(needed, 'worker')} would keep the GPU busy "
+             f"({SPARE_WORKER_CAPACITY - 1:.0%} to spare) but "
              f"{limit}; the GPU is busy about {expected:.0%} of the "
              f"time ({1 / expected:.1f}× the GPU-bound step time)"]
     if pin_s and pin_s > step_s:
