@@ -97,8 +97,9 @@ def resource_tracker_kept() -> Iterator[None]:
     """Starting a spawned child starts multiprocessing's resource tracker (a process, and a
     pipe to it held by the caller) when none runs: stopped again after the block, which
     must end after the children it started are gone (the tracker ends when every holder of
-    its pipe has closed it) and must not have registered semaphores (a process pool's
-    queues do: the plan's pool leaves the tracker running)."""
+    its pipe has closed it). A tracker that still has semaphores to unregister (a process
+    pool's queues, while a thread of theirs still holds them) is left running: stopped, a new
+    one would start when they are finalised, and know none of them (a traceback at exit)."""
     from multiprocessing import resource_tracker
 
     tracker = resource_tracker._resource_tracker
@@ -106,5 +107,14 @@ def resource_tracker_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        if not running and tracker._fd is not None:
+        if not running and tracker._fd is not None and not _semaphores_alive():
             tracker._stop()
+
+
+def _semaphores_alive() -> bool:
+    """Whether a multiprocessing semaphore or lock still lives once garbage is collected."""
+    import gc
+    from multiprocessing.synchronize import SemLock
+
+    gc.collect()
+    return any(issubclass(type(item), SemLock) for item in gc.get_objects())

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from pathlib import Path
 from click.testing import CliRunner
 
 from memcalc.cli.commands import main
@@ -232,6 +233,22 @@ def test_console_entry_point_exits_nonzero_without_traceback():
     assert completed.returncode == 2
     assert "Traceback" not in completed.stderr
     assert completed.stderr.strip().startswith("Error: unknown model 'nosuch'")
+
+
+@pytest.mark.slow
+def test_a_check_that_does_not_fit_prints_one_line_after_planning_in_worker_processes():
+    # its cheapest fixes come from a plan whose variants run in a process pool: the pool's
+    # queues must not outlive the resource tracker (a traceback at exit, a process ended)
+    completed = subprocess.run(
+        [sys.executable, "-m", "memcalc", "check", "--model", "resnet50", "--batch-size", "4000",
+         "--gpu", "A100-80GB", "--cpus", "8", "--ram", "64GiB"],
+        capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
+    assert completed.returncode == 1
+    assert completed.stdout.startswith("DOES NOT FIT: batch 4000") or \
+        completed.stderr.startswith("DOES NOT FIT: batch 4000")
+    assert "cheapest fixes" in completed.stdout + completed.stderr
+    assert "Traceback" not in completed.stderr and "Warning" not in completed.stderr
+    assert len((completed.stdout + completed.stderr).strip().splitlines()) == 1
 
 
 def test_host_reports_the_seed_arithmetic_as_json():
