@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Group
 from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.host.report import HostReport, VerifyReport, env_text
 from memcalc.render.helpers import bullets
+from memcalc.dtypes import dtype_bytes
 from memcalc.units import format_bytes
 
 
@@ -17,8 +20,7 @@ def host_renderable(host: HostReport, details: bool = True) -> Group:
     spec = host.spec
     how = "MEASURED worker" if host.measured else "from the sample shape"
     head = (
-        f"[bold]host RAM ({how})[/]: sample {_shape(spec.sample_shape)} "
-        f"{spec.loader.sample_dtype or 'float32'} = {format_bytes(host.sample_bytes)}, batch "
+        f"[bold]host RAM ({how})[/]: sample {sample_text(host)}, batch "
         f"{spec.batch_size} = {format_bytes(host.batch_bytes)}\n"
         f"at num_workers={host.num_workers}: main {format_bytes(host.main_process_bytes)} + "
         f"{host.num_workers} × {format_bytes(host.per_worker_bytes)} per worker → "
@@ -86,6 +88,22 @@ def _terms_table(host: HostReport) -> Table:
                       f"{term.count} × {format_bytes(term.bytes_each)}",
                       format_bytes(term.total_bytes), term.note)
     return table
+
+
+def sample_text(host: HostReport) -> str:
+    """The sample's model input (shape, dtype) and its bytes; a measured sample's other
+    tensors (labels, masks) are their own term, not folded into the input's size."""
+    spec = host.spec
+    dtype = spec.loader.sample_dtype or "float32"
+    text = f"{_shape(spec.sample_shape)} {dtype}"
+    if not spec.sample_shape:
+        return f"{text} = {format_bytes(host.sample_bytes)}"
+    model_input = math.prod(spec.sample_shape) * dtype_bytes(dtype)
+    others = host.sample_bytes - model_input
+    if others <= 0:
+        return f"{text} = {format_bytes(host.sample_bytes)}"
+    return (f"{text} {format_bytes(model_input)} + {format_bytes(others)} of its other "
+            f"tensors (labels, masks) = {format_bytes(host.sample_bytes)}")
 
 
 def _shape(shape: tuple[int, ...] | None) -> str:

@@ -1,0 +1,27 @@
+"""The host panel's sample line: the model input and the sample's other tensors apart."""
+
+from memcalc.host import HostSpec, host_estimate
+from memcalc.host.specs import MachineSpec
+from memcalc.render.host import sample_text
+
+MIB = 1 << 20
+
+
+def _host(sample_bytes: int | None = None):
+    spec = HostSpec(sample_shape=(1, 128, 128, 128), batch_size=2, cuda=False,
+                    machine=MachineSpec(cpus=4, ram_bytes=16 << 30))
+    host = host_estimate(spec)
+    return host if sample_bytes is None else host.model_copy(update={"sample_bytes": sample_bytes})
+
+
+def test_a_sample_from_its_shape_is_its_model_input():
+    host = _host()
+    assert host.sample_bytes == 8 * MIB
+    assert sample_text(host) == "1×128×128×128 float32 = 8.00 MiB"
+
+
+def test_a_measured_samples_label_is_not_folded_into_the_images_size():
+    # an 8 MiB float32 volume and its int64 mask of the same shape: 24 MiB in all
+    text = sample_text(_host(24 * MIB))
+    assert text == ("1×128×128×128 float32 8.00 MiB + 16.00 MiB of its other tensors "
+                    "(labels, masks) = 24.00 MiB")
