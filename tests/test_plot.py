@@ -89,3 +89,26 @@ def test_writing_a_plot_leaves_the_callers_matplotlib_backend(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "svg"
     assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
+def test_an_exploratory_trace_far_past_the_answer_does_not_stretch_the_batch_axis():
+    from memcalc.device.report import PlanPoint
+    from memcalc.render.plot import AXIS_REACH, plot_batch
+    import matplotlib.pyplot as plt
+
+    report = estimate(TrainingSpec(**TINY, gpu_memory_bytes=2 * 2**30))
+    plan = report.device.plan
+    far = plan.max_batch_size * 20
+    stray = PlanPoint(batch_size=far, total_bytes=plan.model_bytes + far * plan.per_sample_bytes,
+                       method="traced", fits=False)
+    report = report.model_copy(update={"device": report.device.model_copy(update={
+        "plan": plan.model_copy(update={"points": [*plan.points, stray]})})})
+    figure, axes = plt.subplots()
+    plot_batch(axes, report)
+    reach = max(plan.max_batch_size + 1, report.device.batch_size or 0, 2) * AXIS_REACH
+    assert axes.get_xlim()[1] < 1.2 * reach < far
+    legend = [text.get_text() for text in axes.get_legend().get_texts()]
+    beyond = sum(point.batch_size > reach for point in report.device.plan.points)
+    assert beyond >= 1
+    assert f"{beyond} traced beyond batch {int(reach)}, not shown" in legend
+    plt.close(figure)

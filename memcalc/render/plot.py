@@ -116,20 +116,31 @@ def plot_breakdown(axes, report: Report) -> None:
     axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3)
 
 
+AXIS_REACH = 1.5
+"""The batch axis reaches this far past the largest batch (or the job's batch)."""
+
+
 def plot_batch(axes, report: Report) -> None:
     """The fitted line of total memory against batch size, the traced batches and capacity
     (drawn only for a report with a batch plan)."""
     plan = report.device.plan
     axes.set_title("Memory against batch size")
-    largest = max([point.batch_size for point in plan.points] + [plan.max_batch_size + 1, 2])
+    # the axis spans the answer (the largest batch, the job's), not an exploratory trace
+    # far past it: those are left out and counted in the legend
+    reach = max(plan.max_batch_size + 1, report.device.batch_size or 0, 2) * AXIS_REACH
+    shown = [point for point in plan.points if point.batch_size <= reach]
+    largest = max([point.batch_size for point in shown] + [plan.max_batch_size + 1, 2])
     batches = [0, largest * 1.1]
     line = [plan.model_bytes + b * plan.per_sample_bytes for b in batches]
     capacity = report.device.capacity_bytes
-    unit, size = unit_for(max(line + [p.total_bytes for p in plan.points] + [capacity]))
+    unit, size = unit_for(max(line + [p.total_bytes for p in shown] + [capacity]))
     axes.plot(batches, [total / size for total in line], label="model + batch x per sample",
               color="tab:blue")
+    beyond = len(plan.points) - len(shown)
+    if beyond:
+        axes.plot([], [], " ", label=f"{beyond} traced beyond batch {int(reach)}, not shown")
     for fits in (True, False):
-        points = [point for point in plan.points if point.fits is fits]
+        points = [point for point in shown if point.fits is fits]
         if points:
             axes.scatter([point.batch_size for point in points],
                          [point.total_bytes / size for point in points],
