@@ -25,3 +25,22 @@ def test_a_measured_samples_label_is_not_folded_into_the_images_size():
     text = sample_text(_host(24 * MIB))
     assert text == ("1×128×128×128 float32 8.00 MiB + 16.00 MiB of its other tensors "
                     "(labels, masks) = 24.00 MiB")
+
+
+def _verify(predicted: int):
+    from memcalc.host.report import VerifyReport
+
+    return VerifyReport(num_workers=2, prefetch_factor=2, pin_memory=False, batches_planned=8,
+                        batches=8, seconds=3.0, measured_peak_bytes=predicted + MIB,
+                        measured_by="memory cgroup (v2)", predicted_peak_bytes=predicted,
+                        cap_bytes=4 << 30, held=True, oom_killed=False)
+
+
+def test_the_verify_line_names_the_plans_peak_where_its_own_prediction_differs():
+    from memcalc.render.host import verify_line
+
+    line = verify_line(_verify(512 * MIB), headline_bytes=3 << 30)
+    assert ("vs 512.00 MiB predicted for the loader as run here (the plan's 3.00 GiB adds the "
+            "model, the step and CUDA)") in line
+    same = verify_line(_verify(512 * MIB), headline_bytes=512 * MIB)
+    assert "vs 512.00 MiB predicted (" in same and "as run here" not in same

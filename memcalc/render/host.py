@@ -58,8 +58,10 @@ PAGE_CACHE_SHOWN = 0.05
 """Page cache at least this share of the verify run's peak is named in its line."""
 
 
-def verify_line(verify: VerifyReport) -> str:
-    """The ``--verify`` run in one line: where it ran, measured vs predicted, held or why not."""
+def verify_line(verify: VerifyReport, headline_bytes: int | None = None) -> str:
+    """The ``--verify`` run in one line: where it ran, measured vs predicted, held or why not;
+    where its prediction is not the plan's peak (``headline_bytes``: the run leaves the model,
+    the CPU step and CUDA out), both, and why they differ."""
     workers = f"{verify.num_workers} worker{'' if verify.num_workers == 1 else 's'}"
     where = (f"in a {format_bytes(verify.cap_bytes)} {verify.measured_by}"
              if verify.cgroup_unavailable is None else
@@ -71,9 +73,15 @@ def verify_line(verify: VerifyReport) -> str:
     cache = verify.page_cache_bytes or 0
     cached = (f" ({format_bytes(cache)} of it page cache)"
               if cache >= PAGE_CACHE_SHOWN * verify.measured_peak_bytes else "")
+    predicted = format_bytes(verify.predicted_peak_bytes)
+    if headline_bytes is not None and format_bytes(headline_bytes) != predicted:
+        predicted += (f" predicted for the loader as run here (the plan's "
+                      f"{format_bytes(headline_bytes)} adds the model, the step and CUDA)")
+    else:
+        predicted += " predicted"
     return (f"verify: {workers}, {verify.batches} batches {where}: peak "
             f"{format_bytes(verify.measured_peak_bytes)}{cached} measured vs "
-            f"{format_bytes(verify.predicted_peak_bytes)} predicted ({change}): {outcome}")
+            f"{predicted} ({change}): {outcome}")
 
 
 def _terms_table(host: HostReport) -> Table:

@@ -177,7 +177,7 @@ def estimate_verdict(report: Report) -> str:
 def _verified(host: HostReport) -> str:
     from memcalc.render.host import verify_line
 
-    return f"\n{verify_line(host.verify)}" if host.verify is not None else ""
+    return f"\n{verify_line(host.verify, host.peak_bytes)}" if host.verify is not None else ""
 
 
 def feed_verdict(check: FeedCheck) -> str:
