@@ -95,3 +95,16 @@ def test_a_confirmed_card_batch_is_what_the_estimate_for_that_card_plans():
     for fit in confirmed[:1]:
         planned = estimate(spec.with_changes(gpu=fit.gpu)).device
         assert planned.max_batch_size == fit.max_batch_size > 0
+
+
+def test_no_card_is_searched_with_too_few_traces_left_to_confirm_it():
+    from memcalc.device.card_fit import MIN_TO_CONFIRM
+
+    total_at = lambda b: GIB + b * GIB // 4 + (b // 7) * 20 * 2**20  # noqa: E731
+    first = next(iter(CARDS))
+    _, alone = _fits(total_at, budget=40, cards={first: CARDS[first]})
+    used = len(alone - {1, 8})
+    budget = used + MIN_TO_CONFIRM - 1
+    fits, traced = _fits(total_at, budget=budget)
+    assert fits[first].confirmed
+    assert traced == alone       # the traces left could not confirm another card: none spent

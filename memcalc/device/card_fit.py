@@ -29,8 +29,11 @@ CONFIRM_TRACES = 5
 """New batches traced for confirmation, all cards together, beyond the line's two (each
 costs as much as the step's own trace; a card's search starts from every batch traced for
 the cards before it). Five confirm the smallest card, the head's first figure, in most
-searches, and keep an estimate of a zoo model within 5 s beyond ``import torch``; the other
+searches, and keep an estimate of a zoo model near 5 s beyond ``import torch``; the other
 cards' batches stand on the traced lines, marked ``~``."""
+MIN_TO_CONFIRM = 3
+"""A search confirms a batch by tracing it and the next one up, after a guess at least: a
+card is not searched with fewer traces left (they would be spent and confirm nothing)."""
 
 
 ReportAt = Callable[[str, int], DeviceReport]
@@ -81,6 +84,9 @@ def card_fits(report_at: ReportAt, usable_bytes: dict[str, int], memory_bytes: d
             fits.append(fit(*_between_traced(
                 {batch: report_at(card, batch) for batch in traced()}, usable), False))
             continue
+        finally:
+            if budget - spent[0] < MIN_TO_CONFIRM:  # too few left to confirm another card
+                spent[0] = budget
         total = next(p.total_bytes for p in plan.points if p.batch_size == plan.max_batch_size)
         fits.append(fit(plan.max_batch_size, total, plan.confirmed))
     return fits
