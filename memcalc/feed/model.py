@@ -256,8 +256,11 @@ def feeding_report(step_s: float, step_source: str, load_s: float, load_source: 
     best = max(row.expected_gpu_utilization for row in table)
     chosen = reaching[0] if reaching else next(
         row.num_workers for row in table if row.expected_gpu_utilization >= NEAR_BEST * best)
-    spare = min(needed, max_workers)     # spare capacity where it costs no utilisation
-    if spare > chosen and table[spare].expected_gpu_utilization >= table[chosen].expected_gpu_utilization:
+    # where the workers keep the GPU busy, capacity to spare (if it costs no utilisation);
+    # short of that, the CPUs or the receive set the pace and more workers only cost RAM
+    spare = min(needed, max_workers)
+    if reaching and spare > chosen and (table[spare].expected_gpu_utilization
+                                        >= table[chosen].expected_gpu_utilization):
         chosen = spare
     expected = table[chosen].expected_gpu_utilization
     bound = _bound(expected, step_s / (step_s + receive_s), load_source)

@@ -120,9 +120,10 @@ def _breakdown_table(report: Report, details: bool) -> Table:
             reserved)
     if report.device.kind == "cuda":
         parallel = report.spec.parallel
-        row("+ CUDA context, loaded kernels" + (" and NCCL's buffers" if parallel is not None
-                                                and parallel.world_size > 1 else "")
-            + " (outside the allocator)", report.device.context_bytes)
+        row("+ CUDA context, loaded kernels and NCCL's buffers (outside the allocator)"
+            if parallel is not None and parallel.world_size > 1 else
+            "+ CUDA context and loaded kernels (outside the allocator)",
+            report.device.context_bytes)
         row("[bold]predicted total (nvidia-smi)[/]", report.device.total_bytes)
     return table
 
