@@ -28,7 +28,7 @@ def plans(request):
     # the halo net's card holds under 1 GiB: NCCL's buffers (a constant per process) would
     # swamp every multi-GPU row; the pruning is what is tested here
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(candidates, "NCCL_COMMUNICATOR_BYTES", 0)
+        patch.setattr(candidates, "nccl_bytes", lambda **_: 0)
         for prune in (True, False):
             estimator = pipeline_estimator()
             made[prune] = []

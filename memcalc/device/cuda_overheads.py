@@ -75,11 +75,16 @@ def nccl_communicators(dp: int = 1, tp: int = 1, pp: int = 1) -> int:
     return sum(1 for degree in (dp, tp, pp) if degree > 1)
 
 
+def nccl_bytes(dp: int = 1, tp: int = 1, pp: int = 1) -> int:
+    """NCCL's buffers of one rank of a ``dp × tp × pp`` mesh (0 on one GPU)."""
+    return NCCL_COMMUNICATOR_BYTES * nccl_communicators(dp, tp, pp)
+
+
 def job_nccl_bytes(parallel: ParallelSpec | None) -> int:
     """NCCL's buffers of one rank of ``parallel``'s job (0 on one GPU)."""
     if parallel is None:
         return 0
-    return NCCL_COMMUNICATOR_BYTES * nccl_communicators(parallel.dp, parallel.tp, parallel.pp)
+    return nccl_bytes(parallel.dp, parallel.tp, parallel.pp)
 
 
 def context_bytes(profile: EnvProfile, loading: ModuleLoading, *, uses_matmul: bool,

@@ -116,11 +116,17 @@ def kernel_seconds(kernel: Kernel, gpu: GpuSpec, rates: KernelRates, cudnn_tf32:
     grows with the batch (the same step at another batch, roughly)."""
     scale = scale if kernel.batched else 1.0
     seconds = kernel.bytes * scale / (gpu.memory_bandwidth_gbps * 1e9 * rates.bandwidth_share)
-    if kernel.flops and kernel.kind is not KernelClass.MEMORY:
-        peak, tensor_cores = peak_rate(gpu, kernel.kind, kernel.half, cudnn_tf32)
-        seconds = max(seconds, kernel.flops * scale / (peak * rates.efficiency(kernel.kind,
-                                                                               tensor_cores)))
-    return max(seconds, rates.min_kernel_seconds)
+    return max(seconds, _flop_seconds(kernel, gpu, rates, cudnn_tf32) * scale,
+               rates.min_kernel_seconds)
+
+
+def _flop_seconds(kernel: Kernel, gpu: GpuSpec, rates: KernelRates, cudnn_tf32: bool) -> float:
+    """The kernel's FLOPs at its engine's peak × its class's efficiency (0 for a kernel
+    bounded by memory)."""
+    if not kernel.flops or kernel.kind is KernelClass.MEMORY:
+        return 0.0
+    peak, tensor_cores = peak_rate(gpu, kernel.kind, kernel.half, cudnn_tf32)
+    return kernel.flops / (peak * rates.efficiency(kernel.kind, tensor_cores))
 
 
 def compute_floor_seconds(kernels: Sequence[Kernel], gpu: GpuSpec, cudnn_tf32: bool = True,
@@ -128,12 +134,8 @@ def compute_floor_seconds(kernels: Sequence[Kernel], gpu: GpuSpec, cudnn_tf32: b
     """The least time the batch-grown kernels' FLOPs take, each at its engine's rate × its
     class's efficiency, with no host, bytes or shortest time: a lower bound that holds for
     the same layers on a share of each one's outputs (a spatial slab) at that share."""
-    seconds = 0.0
-    for kernel in kernels:
-        if kernel.batched and kernel.flops and kernel.kind is not KernelClass.MEMORY:
-            peak, tensor_cores = peak_rate(gpu, kernel.kind, kernel.half, cudnn_tf32)
-            seconds += kernel.flops / (peak * rates.efficiency(kernel.kind, tensor_cores))
-    return seconds
+    return sum(_flop_seconds(kernel, gpu, rates, cudnn_tf32) for kernel in kernels
+               if kernel.batched)
 
 
 def step_time(kernels: Sequence[Kernel], gpu: GpuSpec, dense_peak: float,

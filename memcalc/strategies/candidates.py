@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memcalc.device.cuda_overheads import NCCL_COMMUNICATOR_BYTES, nccl_communicators
+from memcalc.device.cuda_overheads import nccl_bytes
 from memcalc.host.workers import host_estimate
 from memcalc.strategies.cost import bandwidth_bytes_per_s
 from memcalc.strategies.launch import per_process_host
@@ -147,8 +147,7 @@ def _nccl_bytes(rule: DerivedRule, kind: str, gpus: int, data_ranks: int) -> int
     pipeline's sends; legacy DataParallel runs in one process, outside a process group."""
     if kind != "cuda" or gpus < 2 or rule.strategy is Strategy.DATA_PARALLEL:
         return 0
-    return NCCL_COMMUNICATOR_BYTES * nccl_communicators(dp=data_ranks,
-                                                        pp=gpus // max(data_ranks, 1))
+    return nccl_bytes(dp=data_ranks, pp=gpus // max(data_ranks, 1))
 
 
 def planned_peak_at(plan: BatchPlan | None, batch: int | None) -> int | None:

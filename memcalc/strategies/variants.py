@@ -53,7 +53,6 @@ class TracedVariant:
     spec: TrainingSpec
     report: Report
     flops_per_sample: float
-    convolution_fraction: float = 0.0
     step: StepFlops | None = None
     """The traced step's FLOPs and kernels (None: not counted)."""
 
@@ -89,13 +88,12 @@ def traced_variant(rule: TracedRule, spec: TrainingSpec,
     device = report.device
     if device.flops is not None and device.batch_size:   # counted in the trace that ran
         return TracedVariant(rule, spec, report, device.flops.total / device.batch_size,
-                             device.flops.convolution_fraction, device.flops)
+                             device.flops)
     try:
         flops = estimator.flops(spec, 1)
     except TraceError:
         return TracedVariant(rule, spec, report, 0.0)
-    return TracedVariant(rule, spec, report, float(flops.total), flops.convolution_fraction,
-                         flops)
+    return TracedVariant(rule, spec, report, float(flops.total), flops)
 
 
 def mixed_precision_for(gpu: GpuSpec) -> Precision:
