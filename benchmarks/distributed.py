@@ -14,13 +14,12 @@ from pathlib import Path
 import torch
 
 from benchmarks.results import publish
-from memcalc.distributed.specs import ParallelSpec
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.device.batch_search import plan_batch
 from memcalc.pipeline import _prepare
 from tests.fixtures.distributed_truth import (MODELS, PIPELINE_LLAMA, SEQUENCE,
-                                              measure_rank_peaks)
+                                              measure_rank_peaks, traced_layout)
 from tests.fixtures.published_distributed import GIB, PUBLISHED_RANKS
 
 RESULTS = Path(__file__).with_name("results-distributed.md")
@@ -29,13 +28,14 @@ CASES = {
         ("gpt2", "zero2", 2, None, False, False),
         ("gpt2", "fsdp", 2, None, False, False), ("gpt2", "fsdp", 2, "bfloat16", False, False),
         ("gpt2", "fsdp", 4, None, True, False), ("gpt2", "fsdp", 2, None, False, True),
-        ("llama_7b", "tp", 2, None, False, False),
+        ("llama_7b", "tp", 2, None, False, False), ("llama_7b", "tp-plain", 2, None, False, False),
         ("llama_7b", "pp-gpipe", 4, None, False, False),
         ("llama_7b", "pp-1f1b", 4, None, False, False),
         ("llama_7b", "pp-interleaved-1f1b", 4, None, False, False)],
     4: [("gpt2", "ddp", 2, None, False, False), ("gpt2", "fsdp", 2, None, False, False),
         ("gpt2", "fsdp", 2, "bfloat16", False, True), ("llama_7b", "tp", 2, None, False, False),
         ("llama_7b", "fsdp+tp", 2, None, False, False),
+        ("llama_7b", "fsdp+tp-plain", 2, None, False, False),
         ("llama_7b", "pp-gpipe", 8, None, False, False),
         ("llama_7b", "pp-1f1b", 8, None, False, False)],
 }
@@ -44,13 +44,7 @@ CASES = {
 
 def traced(world: int, model: str, strategy: str, batch: int, param_dtype, checkpointing: bool,
            foreach: bool) -> int:
-    tp = {"tp": world, "fsdp+tp": 2}.get(strategy, 1)
-    if strategy.startswith("pp-"):
-        layout = ParallelSpec(strategy="pipeline", gpus_per_node=world,
-                              pp_schedule=strategy.removeprefix("pp-"))
-    else:
-        layout = ParallelSpec(strategy="fsdp" if "tp" in strategy else strategy,
-                              gpus_per_node=world, tp=tp, param_dtype=param_dtype)
+    layout = traced_layout(strategy, world, param_dtype)
     args = PIPELINE_LLAMA if strategy.startswith("pp-") else MODELS[model]
     report = estimate(TrainingSpec(model=model, model_args=args,
                                    sample_shape=(SEQUENCE,), device="cpu", batch_size=batch,

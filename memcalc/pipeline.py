@@ -17,6 +17,8 @@ from memcalc.model.build import built_for_real, compiled_names
 from memcalc.model.user_hooks import clear_traced_tensors
 from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.static import layer_table
+from memcalc.distributed.parallelize import job_tensor_layout
+from memcalc.distributed.tensor_plan import NoTensorPlan
 from memcalc.dtypes import INPUT_DTYPES
 from memcalc.errors import InputError, TraceError
 from memcalc.feed.sizing import HostInputs, host_and_throughput
@@ -41,7 +43,7 @@ from memcalc.report.assumptions import (
     step_unsupported,
 )
 from memcalc.report.models import InputSummary, ModelSummary, Report
-from memcalc.specs import DeviceKind, OptimizerImpl, StepPhase, TrainingSpec
+from memcalc.specs import DeviceKind, LossKind, OptimizerImpl, StepPhase, TrainingSpec
 from memcalc.trace.checkpointing import policy_blocks, repeated_blocks
 from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
@@ -160,7 +162,8 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
         + step_assumptions(spec, checkpoint_blocks=blocks,
                            traced_sample_shape=layout.traced_sample_shape,
                            halo_exchange_bytes=device.halo_exchange_bytes,
-                           offloaded_bytes=device.offloaded_bytes)
+                           offloaded_bytes=device.offloaded_bytes,
+                           tensor_layout=_tensor_layout(spec, prepared.model))
         + bounded_size_assumptions(device.bounded_sizes)
         + skipped_workspace_assumptions(device.skipped_workspace_bytes)
         + compiled_assumptions(setup.compile_regions, device.compile_fallbacks)
@@ -179,6 +182,17 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                                      unmodelled_kernels=device.unmodelled_kernels),
         host=host, throughput=throughput,
     )
+
+
+def _tensor_layout(spec: TrainingSpec, model: torch.nn.Module) -> str:
+    """What tensor parallelism applied beyond its column/row-wise plan ("" without it)."""
+    if spec.parallel is None or spec.parallel.tp == 1:
+        return ""
+    try:
+        return job_tensor_layout(model, spec.parallel, repeated_blocks(model),
+                                 spec.loss is LossKind.CROSS_ENTROPY).describe()
+    except NoTensorPlan:      # the trace refused it too, and says why
+        return ""
 
 
 def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,

@@ -9,7 +9,7 @@ from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.trace._torch_internals import StorageWatcher
 from tests.fixtures.distributed_truth import (MODELS, PIPELINE_LLAMA, SEQUENCE, TINY_GPT2,
-                                              measure_rank_peaks)
+                                              measure_rank_peaks, traced_layout)
 
 WORLD = 2
 CASES = {
@@ -21,6 +21,7 @@ CASES = {
     "fsdp-checkpointed": ("gpt2", "fsdp", 4, None, True, False),
     "fsdp-foreach-adam": ("gpt2", "fsdp", 2, None, False, True),
     "tensor-parallel": ("llama_7b", "tp", 2, None, False, False),
+    "tensor-parallel-plain": ("llama_7b", "tp-plain", 2, None, False, False),
     "pipeline-1f1b": ("llama_7b", "pp-1f1b", 4, None, False, False),
     "pipeline-gpipe": ("llama_7b", "pp-gpipe", 4, None, False, False),
     "pipeline-interleaved": ("llama_7b", "pp-interleaved-1f1b", 4, None, False, False),
@@ -34,19 +35,13 @@ def measured() -> dict[str, list[int]]:
 
 
 def _rank_report(model, strategy, batch, param_dtype, checkpointing, foreach, world=WORLD):
-    if strategy.startswith("pp-"):            # every rank a stage, one sample per microbatch
-        return estimate(TrainingSpec(
-            model=model, model_args=PIPELINE_LLAMA, sample_shape=(SEQUENCE,), device="cpu",
-            batch_size=batch, parallel=ParallelSpec(
-                strategy="pipeline", gpus_per_node=world,
-                pp_schedule=strategy.removeprefix("pp-"))))
-    tp = world if strategy == "tp" else 1      # tensor parallel alone: no data-parallel wrapper
+    piped = strategy.startswith("pp-")         # every rank a stage, one sample per microbatch
     return estimate(TrainingSpec(
-        model=model, model_args=MODELS[model], sample_shape=(SEQUENCE,), device="cpu",
-        batch_size=batch, activation_checkpointing=checkpointing,
+        model=model, model_args=PIPELINE_LLAMA if piped else MODELS[model],
+        sample_shape=(SEQUENCE,), device="cpu", batch_size=batch,
+        activation_checkpointing=checkpointing,
         optimizer_impl="foreach" if foreach else "default",
-        parallel=ParallelSpec(strategy="fsdp" if strategy == "tp" else strategy,
-                              gpus_per_node=world, tp=tp, param_dtype=param_dtype)))
+        parallel=traced_layout(strategy, world, param_dtype)))
 
 
 @pytest.mark.slow

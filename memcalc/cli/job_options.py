@@ -25,6 +25,13 @@ JOB_OPTIONS = [
     click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Tensor-parallel degree inside each data-parallel group (DTensor "
                       "column/row-wise plans for the blocks' attention and MLP)."),
+    click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
+                 help="With --tp: torchtitan's sequence parallelism (norms SequenceParallel, "
+                      "activations between the projections sharded on the sequence), where "
+                      "the model's layout allows it; the report says when it does not."),
+    click.option("--loss-parallel/--no-loss-parallel", default=True, show_default=True,
+                 help="With --tp and a cross-entropy loss: the logits stay sharded on the "
+                      "vocabulary and the loss runs on the shards (torch's loss_parallel)."),
     click.option("--pp", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Pipeline-parallel degree (torch.distributed.pipelining): the model "
                       "split into stages at its repeated blocks; the largest stage's rank "
@@ -58,6 +65,8 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
     strategy, gpus = options.pop("strategy", None), options.pop("job_gpus", None)
     fields = dict(nodes=options.pop("job_nodes", 1), tp=options.pop("tp", 1),
                   pp=options.pop("pp", 1),
+                  sequence_parallel=options.pop("sequence_parallel", True),
+                  loss_parallel=options.pop("loss_parallel", True),
                   pp_schedule=options.pop("pp_schedule", PipelineSchedule.ONE_F_ONE_B),
                   microbatch_size=options.pop("microbatch_size", 1),
                   param_dtype=options.pop("param_dtype", None),

@@ -10,13 +10,13 @@ parallelism are not traced.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from memcalc.distributed.specs import DataParallel, ParallelSpec, Reshard
-from memcalc.distributed.tensor_plan import tensor_plan
+from memcalc.distributed.tensor_plan import TensorLayout, tensor_layout
 from memcalc.dtypes import DTYPES
 
 
@@ -140,28 +140,70 @@ def stage_rank(spec: ParallelSpec, stage: int) -> int:
     return stage * spec.dp * spec.tp
 
 
-def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]) -> nn.Module:
-    """Tensor parallelism over the mesh's ``tp`` dimension (``memcalc.distributed.tensor_plan``)."""
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
-                                                   parallelize_module)
+def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str],
+                   loss_parallel: bool = False) -> nn.Module:
+    """Tensor parallelism over the mesh's ``tp`` dimension, with sequence parallelism and
+    ``loss_parallel`` as ``spec`` asks and the model allows
+    (``memcalc.distributed.tensor_plan.tensor_layout``). ``loss_parallel``: the loss is a
+    cross-entropy over the head's logits (the step then runs it under ``loss_parallel()``)."""
+    from torch.distributed.tensor.parallel import parallelize_module
 
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel,
-              "embedding-rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
-              "head-colwise": lambda: ColwiseParallel(output_layouts=Replicate())}
-    plan = {name: styles[style]() for name, style in tensor_plan(model, blocks).items()}
-    parallelize_module(model, mesh.tp, plan)
+    layout = job_tensor_layout(model, spec, blocks, loss_parallel)
+    styles = _tensor_styles()
+    parallelize_module(model, mesh.tp, {name: styles[style]()
+                                        for name, style in layout.styles.items()})
     return model
 
 
+def job_tensor_layout(model: nn.Module, spec: ParallelSpec, blocks: list[str],
+                      cross_entropy: bool) -> TensorLayout:
+    """The tensor layout ``spec`` asks for on ``model``: sequence and loss parallelism where
+    the model allows them, not inside pipeline stages (whose shapes the schedule fixes), loss
+    parallelism only for a cross-entropy loss."""
+    staged = spec.pp > 1
+    layout = tensor_layout(model, blocks, spec.sequence_parallel and not staged,
+                           spec.loss_parallel and cross_entropy and not staged)
+    if staged and (spec.sequence_parallel or spec.loss_parallel):
+        return replace(layout, not_sequence_parallel="pipeline stages are traced without it")
+    if spec.loss_parallel and not cross_entropy:
+        return replace(layout, not_loss_parallel="the loss is not a cross-entropy")
+    return layout
+
+
+def _tensor_styles() -> dict[str, Callable]:
+    """``tensor_layout``'s style names → torch's parallel styles (torchtitan's ``apply_tp``)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel)
+
+    return {
+        "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
+        "embedding-rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "head-colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "sequence": SequenceParallel,
+        "gather-input": lambda: PrepareModuleInput(input_layouts=(Shard(1),),
+                                                   desired_input_layouts=(Replicate(),)),
+        "rowwise-sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
+        "embedding-sequence": lambda: RowwiseParallel(input_layouts=Replicate(),
+                                                      output_layouts=Shard(1)),
+        "head-sequence": lambda: ColwiseParallel(input_layouts=Shard(1),
+                                                 output_layouts=Replicate()),
+        "head-loss-parallel": lambda: ColwiseParallel(output_layouts=Shard(-1),
+                                                      use_local_output=False),
+        "head-sequence-loss-parallel": lambda: ColwiseParallel(
+            input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    }
+
+
 def parallelize(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str],
-                sharding: bool) -> nn.Module:
+                sharding: bool, loss_parallel: bool = False) -> nn.Module:
     """The job's parallelisms in torchtitan's order: tensor parallel, then data parallel.
     ``sharding``: the wrappers that replace the parameters (tensor parallel, FSDP2), applied
     before the trace counts the states; else DDP, whose buckets are counted as it makes them.
-    A dimension of size 1 gets no wrapper."""
+    A dimension of size 1 gets no wrapper. ``loss_parallel``: the job's loss is a
+    cross-entropy (tensor parallel may then keep the logits sharded)."""
     if sharding and spec.tp > 1:
-        model = parallelize_tp(model, spec, mesh, blocks)
+        model = parallelize_tp(model, spec, mesh, blocks, loss_parallel)
     if spec.dp > 1 and (spec.strategy in SHARDS_PARAMETERS) == sharding:
         model = DATA_PARALLEL[spec.strategy](model, spec, mesh.dp, blocks)
     return model

@@ -67,6 +67,13 @@ class ParallelSpec(BaseModel):
     nodes: int = Field(default=1, ge=1, le=MAX_WORLD_SIZE)
     tp: int = Field(default=1, ge=1)
     """Tensor-parallel degree (DTensor ``parallelize_module``, column/row-wise plans)."""
+    sequence_parallel: bool = True
+    """With ``tp``: torchtitan's sequence parallelism (norms ``SequenceParallel``, the residual
+    stream sharded on the sequence between the projections), where the model's layout allows
+    it (``memcalc.distributed.tensor_plan.tensor_layout``; the report says when it does not)."""
+    loss_parallel: bool = True
+    """With ``tp`` and a cross-entropy loss: the logits stay sharded on the vocabulary and the
+    loss runs on the shards (``loss_parallel``), where the head is sharded."""
     param_dtype: str | None = None
     """FSDP2 ``MixedPrecisionPolicy.param_dtype``: parameters cast once per unit at the
     all-gather, compute in that dtype, fp32 master weights; None: the parameters' dtype."""
@@ -138,7 +145,10 @@ class ParallelSpec(BaseModel):
             extras.insert(0, f"pipeline {self.pp} ({self.pp_schedule.value}, "
                              f"microbatch {self.microbatch_size})")
         if self.tp > 1:
-            extras.insert(0, f"tensor parallel {self.tp}")
+            asked = [name for name, on in (("sequence parallel", self.sequence_parallel),
+                                           ("loss parallel", self.loss_parallel)) if on]
+            extras.insert(0, f"tensor parallel {self.tp}"
+                          + (f" ({' and '.join(asked)} where the model allows)" if asked else ""))
         return (f"{self.strategy.value} on {self.world_size} GPUs{nodes}"
                 + "".join(f", {extra}" for extra in extras))
 

@@ -192,8 +192,10 @@ def unsupported(spec: TrainingSpec) -> list[str]:
 
 def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
                      traced_sample_shape: tuple[int, ...], halo_exchange_bytes: int,
-                     offloaded_bytes: int) -> list[str]:
-    """What the traced step itself was made to do: checkpointing, spatial split, offloading."""
+                     offloaded_bytes: int, tensor_layout: str = "") -> list[str]:
+    """What the traced step itself was made to do: checkpointing, spatial split, offloading.
+    ``tensor_layout``: what tensor parallelism applied beyond the column/row-wise plan
+    (``TensorLayout.describe``)."""
     blocks, lines = checkpoint_blocks, []
     if blocks:
         how = {"selective": "selective per-op (matmul outputs but every second one and "
@@ -206,7 +208,9 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
             f"one rank (rank 0) of {spec.parallel.describe()}: traced in torch's fake process "
             "group with the real wrappers (memcalc.distributed), batch per GPU; every "
             "collective finishes at once (a buffer a slow link keeps in flight longer is not "
-            "counted); NCCL's own buffers are outside the caching allocator and not counted")
+            "counted); NCCL's own buffers lie outside the caching allocator (on a GPU, counted "
+            "with the CUDA context)"
+            + (f"; tensor parallel with {tensor_layout}" if tensor_layout else ""))
     if spec.spatial_parts > 1:
         lines.append(
             f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "

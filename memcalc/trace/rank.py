@@ -62,15 +62,18 @@ def rank_of(parallel: ParallelSpec | None, rank: int = 0) -> Iterator:
         torch.set_rng_state(torch_random)
 
 
-def wrapped(parallel: ParallelSpec | None, model: nn.Module, sharding: bool, mesh) -> nn.Module:
+def wrapped(parallel: ParallelSpec | None, model: nn.Module, sharding: bool, mesh,
+            cross_entropy: bool = False) -> nn.Module:
     """The model as the job wraps it: tensor parallel and FSDP2 before the states are
-    counted (``sharding``), DDP after (its buckets are allocated at construction)."""
+    counted (``sharding``), DDP after (its buckets are allocated at construction).
+    ``cross_entropy``: the job's loss is one (tensor parallel may keep the logits sharded)."""
     if parallel is None:
         return model
     if not sharding:
         return parallelize(model, parallel, mesh, repeated_blocks(model), sharding)
     with fake_mode_paused():   # the wrappers compute with the mesh's (real) rank table
-        model = parallelize(model, parallel, mesh, repeated_blocks(model), sharding)
+        model = parallelize(model, parallel, mesh, repeated_blocks(model), sharding,
+                            cross_entropy)
     if not all(is_fake(tensor) for tensor in (*model.parameters(), *model.buffers())):
         raise TraceError("the distributed wrappers made real parameters (not traceable)")
     return model

@@ -84,6 +84,27 @@ def prime_optimizer_state(optimizer: torch.optim.Optimizer, keep_grads: bool,
     optimizer.zero_grad(set_to_none=not keep_grads)
 
 
+def sharded_classes(output: object) -> bool:
+    """``output`` is a DTensor sharded on its last (class) axis: tensor parallel's head kept
+    the logits sharded, for ``loss_parallel``."""
+    placements = getattr(output, "placements", None)
+    if not placements or not isinstance(output, torch.Tensor):
+        return False
+    last = output.dim() - 1
+    return any(getattr(placement, "dim", None) in (-1, last) and placement.is_shard()
+               for placement in placements)
+
+
+def loss_parallel_if(sharded: bool) -> contextlib.AbstractContextManager:
+    """torch's ``loss_parallel()`` (cross-entropy on vocabulary-sharded logits, forward and
+    backward) where the logits are sharded, else nothing."""
+    if not sharded:
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
+
+
 class TrainingIteration:
     """The step as a callable: each call runs one iteration and returns the output's shape.
     Output and loss are released when the call returns; the target is made once and kept.
@@ -100,6 +121,7 @@ class TrainingIteration:
         self.optimizer, self.observer = optimizer, observer or StepObserver()
         self._step = step or (optimizer.step if optimizer is not None else None)
         self._target: list[torch.Tensor | None] = []
+        self._sharded_logits = False
         if body.evaluation is not None:
             model.eval()
 
@@ -115,8 +137,10 @@ class TrainingIteration:
                     if self._target[0] is not None:
                         observer.target_made(self._target[0])
             observer.loss_begins()
-            loss = (model_loss(output) if body.loss is LossKind.MODEL
-                    else compute_loss(body.loss, output, self._target[0], body.classes_last))
+            self._sharded_logits = sharded_classes(output)
+            with loss_parallel_if(self._sharded_logits):
+                loss = (model_loss(output) if body.loss is LossKind.MODEL
+                        else compute_loss(body.loss, output, self._target[0], body.classes_last))
             observer.loss_ends()
         shape = output_shape(output)
         if body.evaluation is not None:
@@ -129,7 +153,8 @@ class TrainingIteration:
     def _backward_and_step(self, loss: torch.Tensor, shape: tuple[int, ...]) -> tuple[int, ...]:
         body, observer = self.body, self.observer
         observer.enter(Phase.BACKWARD)
-        loss.backward()
+        with loss_parallel_if(self._sharded_logits):
+            loss.backward()
         if self.optimizer is not None:
             observer.enter(Phase.OPTIMIZER)
             if body.clip_grad_norm is not None:

@@ -261,7 +261,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     stages = (pipeline_rank(setup.parallel, model, setup.inputs, mesh)
               if setup.parallel is not None and setup.parallel.pp > 1 else None)
     if stages is None:
-        model = wrapped(setup.parallel, model, True, mesh)
+        model = wrapped(setup.parallel, model, True, mesh,
+                        cross_entropy=setup.loss is LossKind.CROSS_ENTROPY)
         batch = make_call(model, setup.inputs, setup.batch_shape[0])
     else:
         batch = (make_call(model, setup.inputs, setup.batch_shape[0]) if stages.first
