@@ -8,7 +8,7 @@ moved). Other keyword arguments are ``TrainingSpec`` fields (``optimizer``, ``pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -24,6 +24,7 @@ from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
 from memcalc.model.source import model_reference, resolve_model
 from memcalc.pipeline import estimate as estimate_spec
 from memcalc.pipeline import training_step_flops
+from memcalc.progress import announce
 from memcalc.report.assumptions import TRACE_FAILED_PREFIX
 from memcalc.device.report import DeviceReport
 from memcalc.report.models import Report
@@ -32,6 +33,7 @@ from memcalc.specs import StepPhase, TrainingSpec
 from memcalc.strategies import ClusterSpec, StrategyPlan, VariantEstimator, plan_strategies
 from memcalc.strategies.report_cache import ReportCache
 from memcalc.strategies.specs import DEFAULT_RANK_TRACES
+from memcalc.strategies.variants import planned_spec
 from memcalc.units import counted, format_bytes
 
 ModelLike = str | nn.Module | Callable[..., nn.Module]
@@ -124,16 +126,19 @@ def plan(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, gpu: 
 
 def plan_spec(spec: TrainingSpec, cluster: ClusterSpec,
               on_variant: Callable[[TrainingSpec], None] | None = None, *,
-              workers: int | None = None) -> StrategyPlan:
+              workers: int | None = None,
+              known: Sequence[tuple[TrainingSpec, Report]] = ()) -> StrategyPlan:
     """``plan`` for a spec and a cluster: every variant traced by ``memcalc.pipeline``;
     ``on_variant`` is told of each variant before it is estimated (a progress display).
     ``workers``: processes making independent variants at once (None: one per core that
     nothing else keeps busy, ``memcalc.report_pool.workers_for``; 0: this process only),
-    none for user code (``serial_reason``). The plan is the same either way."""
+    none for user code (``serial_reason``). The plan is the same either way. ``known``:
+    reports already made for some of its variants' specs (by ``pipeline_estimator``'s
+    rules), not made again."""
     with (resource_tracker_kept(), default_start_method_kept(),
           ReportPool(workers_for(spec, workers)) as pool):
         pool.start()    # the workers start up while this process traces the job as given
-        return plan_strategies(spec, cluster, pipeline_estimator(on_variant, pool))
+        return plan_strategies(spec, cluster, pipeline_estimator(on_variant, pool, known))
 
 
 def _shape_tuple(sample_shape: Any) -> tuple[int, ...] | None:
@@ -147,7 +152,8 @@ def _shape_tuple(sample_shape: Any) -> tuple[int, ...] | None:
 
 
 def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None,
-                       pool: ReportPool | None = None) -> VariantEstimator:
+                       pool: ReportPool | None = None,
+                       known: Sequence[tuple[TrainingSpec, Report]] = ()) -> VariantEstimator:
     """The strategy planner's estimator for one plan: the pipeline's reports, each spec's
     made once (``ReportCache``; torchinfo's tables shared across the variants) and, with a
     ``pool`` of workers, independent ones made at once; FLOPs; the model on the meta device."""
@@ -158,6 +164,8 @@ def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None,
         report = partial(_announced, report, on_variant)
     workers = pool is not None and pool.workers > 0
     cache = ReportCache(report, ahead=pool.take if workers else None)
+    for spec, made in known:
+        cache.keep(spec, made)
     estimator = VariantEstimator(report=cache.report, flops=training_step_flops,
                                  model=_meta_model)
     if not workers:
@@ -215,8 +223,13 @@ def check_spec(spec: TrainingSpec) -> Report:
                          "--gpu NAME or --gpu-memory SIZE")
     # whether the batch fits needs one trace; the largest batch only where it does not
     report = estimate_spec(spec, batch_search=False)
+    searched = None
     if report.device.fits is False:
-        report = estimate_spec(spec)
+        announce(f"{_verdict(report)}; searching the largest batch that fits")
+        searched = (planned_spec(spec),
+                    estimate_spec(planned_spec(spec), layer_tables={}, card_fits=False))
+        report = report.model_copy(update={"device": report.device.model_copy(
+            update={"plan": searched[1].device.plan})})
     problems = _problems(report)
     untraced = [device for device in (report.device, report.validation)
                 if device is not None and device.method != "traced"]
@@ -225,10 +238,21 @@ def check_spec(spec: TrainingSpec) -> Report:
     if not problems:
         return report
     # the planner varies a one-GPU job; a distributed layout is checked as given
-    strategies = (plan_spec(spec, ClusterSpec())
-                  if spec.gpu and report.device.fits is False and spec.parallel is None
-                  and spec.phase is StepPhase.TRAIN else None)
+    fixes = (spec.gpu and report.device.fits is False and spec.parallel is None
+             and spec.phase is StepPhase.TRAIN)
+    if fixes:
+        announce(f"{_verdict(report)}; planning the cheapest fixes")
+    # the plan's job as given is the batch search just made: not made again
+    strategies = plan_spec(spec, ClusterSpec(), known=[searched] if searched else []) \
+        if fixes else None
     raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
+
+
+def _verdict(report: Report) -> str:
+    """What the first trace of a check said, before the search: ``DOES NOT FIT: …``."""
+    device = report.device
+    return (f"DOES NOT FIT: batch {device.batch_size} needs {format_bytes(device.total_bytes)}, "
+            f"{format_bytes(device.usable_bytes)} usable")
 
 
 def _untraced_message(report: Report, device: DeviceReport) -> str:

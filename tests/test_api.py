@@ -59,6 +59,33 @@ def test_check_answers_a_clear_fit_with_one_trace(monkeypatch):
                       machine=MACHINE)
 
 
+def test_a_check_that_does_not_fit_tells_its_verdict_after_one_trace(monkeypatch):
+    """The verdict is announced after the first trace; the search for the largest batch is
+    made once: the fixes' plan takes it for its job as given (it made it again before)."""
+    import memcalc.api as api
+    import memcalc.prepared_step as prepared_step
+    from memcalc.progress import listening
+
+    monkeypatch.setattr(api, "workers_for", lambda spec, requested=None: 0)  # all traced here
+    traced, heard = [], []
+    original = prepared_step.trace_training_step
+    monkeypatch.setattr(prepared_step, "trace_training_step",
+                        lambda setup, *args, **kwargs: traced.append(setup.batch_shape[0])
+                        or original(setup, *args, **kwargs))
+
+    def hear(text: str) -> None:
+        if text.startswith("DOES NOT FIT"):
+            heard.append((text, len(traced)))
+
+    with listening(hear), pytest.raises(MemoryBudgetError) as caught:
+        memcalc.check("mlp", (64,), batch_size=10**8, gpu="T4", model_args=MLP_ARGS,
+                      machine=MACHINE, optimizer="sgd")
+    (verdict, after), *_ = heard
+    assert after == 1 and verdict.startswith("DOES NOT FIT: batch 100000000 needs ")
+    largest = caught.value.report.device.max_batch_size
+    assert largest and traced.count(largest) == 1   # the job's search, once
+
+
 def test_check_raises_with_numbers_and_the_fixes_that_fit():
     with pytest.raises(MemoryBudgetError) as caught:
         memcalc.check("resnet3d", (3, 128, 128, 128), batch_size=8, gpu="T4", machine=MACHINE)

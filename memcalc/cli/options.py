@@ -108,14 +108,28 @@ def _spinner(description: str):
         yield lambda text: progress.update(task, description=text)
 
 
+VERDICT = "DOES NOT FIT"
+"""An announcement that opens so is the command's answer, known before its work ends (a
+check's first trace): the spinner keeps it above what is being done next."""
+
+
 @contextmanager
 def command_progress(description: str):
     """A spinner on stderr (a terminal only) for the command's work, told what is being done
-    by every ``memcalc.progress.announce`` made meanwhile."""
+    by every ``memcalc.progress.announce`` made meanwhile; a verdict (``VERDICT``) stays
+    shown above the later ones."""
     from memcalc.progress import listening
 
-    with _spinner(description) as describe, listening(describe):
-        yield
+    with _spinner(description) as describe:
+        headline = [""]
+
+        def told(text: str) -> None:
+            if text.startswith(VERDICT):
+                headline[0], text = text.split("; ", 1) if "; " in text else (text, "")
+            describe(f"{headline[0]}\n{text}" if headline[0] else text)
+
+        with listening(told):
+            yield
 
 
 def worker_told(phase: str, batches: int, worker_bytes: int) -> None:

@@ -45,6 +45,10 @@ class ReportCache:
             self._reports[key] = made if made is not None else self._make(spec)
         return self._reports[key]
 
+    def keep(self, spec: TrainingSpec, report: Report) -> None:
+        """``report``, made elsewhere for ``spec`` (a check's batch search), is the spec's."""
+        self._reports[spec_key(spec)] = report
+
     def missing(self, specs: list[TrainingSpec]) -> list[TrainingSpec]:
         """The specs among ``specs`` that have no report yet, each once, in their order."""
         wanted: dict[str, TrainingSpec] = {}
