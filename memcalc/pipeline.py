@@ -163,7 +163,8 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            traced_sample_shape=layout.traced_sample_shape,
                            halo_exchange_bytes=device.halo_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes,
-                           tensor_layout=_tensor_layout(spec, prepared.model))
+                           tensor_layout=_tensor_layout(spec, prepared.model,
+                                                        device.sequence_parallel_dropped))
         + bounded_size_assumptions(device.bounded_sizes)
         + skipped_workspace_assumptions(device.skipped_workspace_bytes)
         + compiled_assumptions(setup.compile_regions, device.compile_fallbacks)
@@ -184,15 +185,20 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
     )
 
 
-def _tensor_layout(spec: TrainingSpec, model: torch.nn.Module) -> str:
-    """What tensor parallelism applied beyond its column/row-wise plan ("" without it)."""
+def _tensor_layout(spec: TrainingSpec, model: torch.nn.Module, dropped: str) -> str:
+    """What tensor parallelism applied beyond its column/row-wise plan ("" without it);
+    ``dropped``: why the trace went without sequence parallelism after all."""
     if spec.parallel is None or spec.parallel.tp == 1:
         return ""
+    parallel = (spec.parallel.model_copy(update={"sequence_parallel": False}) if dropped
+                else spec.parallel)
     try:
-        return job_tensor_layout(model, spec.parallel, repeated_blocks(model),
-                                 spec.loss is LossKind.CROSS_ENTROPY).describe()
+        layout = job_tensor_layout(model, parallel, repeated_blocks(model),
+                                   spec.loss is LossKind.CROSS_ENTROPY)
     except NoTensorPlan:      # the trace refused it too, and says why
         return ""
+    return layout.describe() if not dropped else ", ".join(filter(None, (
+        f"no sequence parallel (asked for; {dropped})", layout.describe())))
 
 
 def _prepare(spec: TrainingSpec, measurement: WorkerMeasurement | None,

@@ -177,3 +177,32 @@ def test_a_ranks_trace_keeps_the_reducers_advice_for_the_real_job_off_the_screen
             warnings.warn(advice, UserWarning)
         warnings.warn(advice, UserWarning)
     assert [str(warning.message) for warning in seen] == [advice]
+
+
+def _hf_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=1000, hidden_size=64, intermediate_size=172, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128))
+
+
+def test_a_model_that_fails_with_sequence_parallelism_is_traced_without_it_and_says_so():
+    """Hugging Face's Llama takes its positions from the stream it is given (sharded on the
+    sequence under sequence parallelism, so its rotary tables are a shard short): the rank is
+    traced as plain tensor parallelism, exactly as when that is asked for, and the report
+    says why."""
+    pytest.importorskip("transformers")
+    import memcalc
+
+    reports = [memcalc.estimate(_hf_llama, (SEQUENCE,), batch_size=2, device="cpu",
+                                input_dtype="int64", parallel=ParallelSpec(
+                                    strategy="fsdp", gpus_per_node=2, tp=2,
+                                    sequence_parallel=sequence))
+               for sequence in (True, False)]
+    asked, plain = reports
+    assert asked.device.method == plain.device.method == "traced"
+    assert asked.device.peak_bytes == plain.device.peak_bytes
+    line = next(text for text in asked.assumptions if "one rank (rank 0)" in text)
+    assert "no sequence parallel (asked for; its trace failed: RuntimeError" in line
+    assert "loss parallel" in line

@@ -108,6 +108,7 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         compute_peak_bytes=compute_peak, optimizer_peak_bytes=optimizer_peak,
         offloaded_bytes=trace.offloaded_bytes, halo_exchange_bytes=trace.halo_bytes,
         host_tensor_bytes=trace.host_bytes, compile_fallbacks=list(trace.compile_fallbacks),
+        sequence_parallel_dropped=trace.sequence_parallel_dropped,
         stage_peak_bytes=list(trace.stage_peak_bytes),
         timeline=[TimelinePoint(event=event, live_bytes=live, phase=phase, iteration=iteration)
                   for event, live, phase, iteration in ledger.timeline()],

@@ -193,6 +193,9 @@ class DeviceReport(BaseModel):
     compile_fallbacks: list[str] = []
     """Compiled modules whose graph could not be captured whole, run eagerly: ``name:
     reason``."""
+    sequence_parallel_dropped: str = ""
+    """Why the rank was traced without the sequence parallelism it asked for: the model
+    failed with it (it mixes positions outside the projections); "" otherwise."""
     window_plan: WindowPlan | None = None
     """A sliding window's evaluation on a GPU: the largest ``sw_batch_size`` that fits."""
     host_tensor_bytes: int = 0

@@ -9,6 +9,7 @@ parallelism are not traced.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -151,8 +152,41 @@ def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]
     layout = job_tensor_layout(model, spec, blocks, loss_parallel)
     styles = _tensor_styles()
     parallelize_module(model, mesh.tp, {name: styles[style]()
-                                        for name, style in layout.styles.items()})
+                                        for name, style in layout.styles.items()
+                                        if style != "gather-input"})
+    modules = dict(model.named_modules())
+    for name, style in layout.styles.items():
+        if style == "gather-input":
+            modules[name].register_forward_pre_hook(_sequence_gathered(mesh.tp, modules[name]),
+                                                    with_kwargs=True)
     return model
+
+
+def _sequence_gathered(mesh, module: nn.Module) -> Callable:
+    """A pre-hook that gathers the sequence-sharded stream a projection container is called
+    with (torchtitan's ``PrepareModuleInput(Shard(1) → Replicate)``), whether it comes as
+    the first positional argument or by the name of ``forward``'s first parameter
+    (Hugging Face blocks call ``self_attn(hidden_states=…)``)."""
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    parameters = list(inspect.signature(module.forward).parameters)
+    name = parameters[0] if parameters else None
+
+    def gathered(value):     # as PrepareModuleInput does it: a DTensor goes on as one
+        if not isinstance(value, torch.Tensor):
+            return value
+        if not isinstance(value, DTensor):
+            value = DTensor.from_local(value, mesh, [Shard(1)], run_check=False)
+        return value.redistribute(mesh, [Replicate()])
+
+    def hook(_module, args, kwargs):
+        if args:
+            return (gathered(args[0]), *args[1:]), kwargs
+        if name in kwargs:
+            return args, {**kwargs, name: gathered(kwargs[name])}
+        return None
+
+    return hook
 
 
 def job_tensor_layout(model: nn.Module, spec: ParallelSpec, blocks: list[str],
@@ -173,16 +207,14 @@ def job_tensor_layout(model: nn.Module, spec: ParallelSpec, blocks: list[str],
 def _tensor_styles() -> dict[str, Callable]:
     """``tensor_layout``'s style names → torch's parallel styles (torchtitan's ``apply_tp``)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                                   RowwiseParallel, SequenceParallel)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   SequenceParallel)
 
     return {
         "colwise": ColwiseParallel, "rowwise": RowwiseParallel,
         "embedding-rowwise": lambda: RowwiseParallel(input_layouts=Replicate()),
         "head-colwise": lambda: ColwiseParallel(output_layouts=Replicate()),
         "sequence": SequenceParallel,
-        "gather-input": lambda: PrepareModuleInput(input_layouts=(Shard(1),),
-                                                   desired_input_layouts=(Replicate(),)),
         "rowwise-sequence": lambda: RowwiseParallel(output_layouts=Shard(1)),
         "embedding-sequence": lambda: RowwiseParallel(input_layouts=Replicate(),
                                                       output_layouts=Shard(1)),

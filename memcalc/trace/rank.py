@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import random
+import weakref
 from dataclasses import dataclass
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -130,3 +131,24 @@ def pipeline_rank(parallel: ParallelSpec, model: nn.Module, inputs: ModelInputs,
     indices = [place + loop * parallel.pp for loop in range(parallel.stages_per_rank)]
     modules = [wrapped(parallel, stages[index], True, mesh) for index in indices]
     return PipelineRank(parallel, mesh, modules, indices, shapes)
+
+
+_SEQUENCE_PARALLEL_FAILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""A model (its meta builder) whose rank failed with sequence parallelism, and why: its
+other batches are traced without it at once."""
+
+
+def sequence_parallel_failure(builder: Callable) -> str | None:
+    """Why the model ``builder`` builds failed with sequence parallelism in this process
+    (None: it has not)."""
+    try:
+        return _SEQUENCE_PARALLEL_FAILED.get(builder)
+    except TypeError:      # a builder no weak reference can hold is not remembered
+        return None
+
+
+def remember_sequence_parallel_failure(builder: Callable, why: str) -> None:
+    try:
+        _SEQUENCE_PARALLEL_FAILED[builder] = why
+    except TypeError:
+        pass

@@ -31,7 +31,8 @@ from memcalc.trace._torch_internals import (
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing
-from memcalc.trace.rank import pipeline_rank, rank_of, traced_ranks, wrapped
+from memcalc.trace.rank import (pipeline_rank, rank_of, remember_sequence_parallel_failure,
+                                sequence_parallel_failure, traced_ranks, wrapped)
 from memcalc.distributed.parallelize import job_optimizer, local_optimizer
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.cuda_kernels import CudaKernelMode
@@ -165,6 +166,9 @@ class TraceResult:
     the largest one's)."""
     compile_fallbacks: tuple[str, ...] = ()
     """Compiled regions that could not be captured and ran eagerly: ``name: reason``."""
+    sequence_parallel_dropped: str = ""
+    """Why the rank was traced without the sequence parallelism it asked for ("": it was
+    not asked for, or traced with it)."""
 
 
 def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
@@ -184,10 +188,26 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
     ones (``memcalc.trace.step_replay``), else run (False: always run)."""
     if setup.parallel is not None:   # DTensor states: the optimizer step is always run
         replay = False
-    try:
-        return _traced(setup, replay)
-    except ReplayMismatch:
-        return _traced(setup, replay=False)
+    parallel = setup.parallel
+    dropped = sequence_parallel_failure(setup.build_meta_model)
+    if dropped is None:
+        try:
+            return _traced(setup, replay)
+        except ReplayMismatch:
+            return _traced(setup, replay=False)
+        except TraceError as error:
+            if parallel is None or parallel.tp == 1 or not parallel.sequence_parallel:
+                raise
+            # the layout allowed it, the model's forward did not (positions taken from the
+            # sharded stream outside the projections, as Hugging Face models take theirs)
+            dropped = f"its trace failed: {str(error).removeprefix(FAILED_IN_STEP)}"
+            remember_sequence_parallel_failure(setup.build_meta_model, dropped)
+    plain = dataclasses.replace(setup, parallel=parallel.model_copy(
+        update={"sequence_parallel": False}))
+    return dataclasses.replace(_traced(plain, replay), sequence_parallel_dropped=dropped)
+
+
+FAILED_IN_STEP = "the model failed in the traced step: "
 
 
 def _traced(setup: StepSetup, replay: bool) -> TraceResult:
@@ -226,7 +246,7 @@ def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
         raise TraceError(f"the model needs real tensor values ({type(error).__name__}: "
                          f"{first_line(error)})") from error
     except Exception as error:  # the user's model code may raise anything
-        raise TraceError(f"the model failed in the traced step: {type(error).__name__}: "
+        raise TraceError(f"{FAILED_IN_STEP}{type(error).__name__}: "
                          f"{first_line(error)}{at_user_frame(error)}") from error
     except SystemExit as error:  # a forward that exits must not end memcalc with its code
         raise TraceError(f"the model called sys.exit({error.code!r}) in the traced step"
