@@ -18,6 +18,7 @@ TINY = ["--model", "gpt2", "--model-arg", "vocab=1000", "--model-arg", "n_positi
 MISTAKES = {
     "gpus without a strategy": (["--gpus", "8"], r"--gpus needs --strategy"),
     "strategy without gpus": (["--strategy", "fsdp"], r"--strategy fsdp needs --gpus"),
+    "tp without a strategy": (["--tp", "2"], r"--tp 2 needs --strategy and --gpus"),
     "tp not dividing the gpus": (["--strategy", "fsdp", "--gpus", "6", "--tp", "4"],
                                  r"--tp 4 does not divide the 6 GPUs"),
     "param dtype with ddp": (["--strategy", "ddp", "--gpus", "2", "--param-dtype", "bfloat16"],

@@ -77,6 +77,11 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
         if gpus is not None:
             raise InputError("--gpus needs --strategy (ddp, zero1, zero2 or fsdp) to say how the "
                              "job is distributed")
+        given = [f"--{name} {fields[name]}" for name in ("tp", "pp") if fields[name] > 1]
+        if given:      # else the job would be traced on one GPU without a word
+            verb = "needs" if len(given) == 1 else "need"
+            raise InputError(f"{' and '.join(given)} {verb} --strategy and --gpus (e.g. "
+                             "--strategy fsdp --gpus 8) to say how the job is laid out")
         return None
     if gpus is None:
         raise InputError(f"--strategy {DataParallel(strategy).value} needs --gpus N (GPUs per "
