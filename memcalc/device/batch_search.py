@@ -58,7 +58,8 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
 
     small, large = FIT_BATCHES
     measure(small)
-    second = small + 1 if fitting[small] and _few_fit(reports[small], usable_bytes) else large
+    few = _few_fit(reports[small], usable_bytes) if fitting[small] else None
+    second = few or large
     for batch in (second, *sorted(set(known) - {small, second})):
         measure(batch)
     if not fitting[small]:
@@ -151,16 +152,20 @@ def _largest_on_line(low: int, low_bytes: int, high: int, high_bytes: int,
     return int((budget - (low_bytes - slope * low)) // slope)
 
 
-def _few_fit(report: DeviceReport, usable_bytes: int) -> bool:
-    """Batch 1's bytes that grow with the batch (activations, inputs, temporaries) say that
-    batch ``FIT_BATCHES[1]`` would not fit: the search walks up from batch 2 instead of
-    tracing a batch that only brackets from far above (its line would be through batches 1
-    and the planned one in any case)."""
+def _few_fit(report: DeviceReport, usable_bytes: int) -> int | None:
+    """Where batch 1's bytes that grow with the batch (activations, inputs, temporaries) say
+    that batch ``FIT_BATCHES[1]`` would not fit: the batch they say would (at least 2), traced
+    second instead of one that only brackets from far above. Batch 1's growing bytes hold
+    some that do not grow (a mixed-precision step's weight copies), so the answer often lies
+    above it, and the line through batch 1 and it steers better than one through batches 1
+    and 2, whose totals the allocator's rounding can keep level. None where batch 8 fits."""
     breakdown = getattr(report, "breakdown", None)
     if breakdown is None:
-        return False
+        return None
     growing = breakdown.activations + breakdown.input_batch + breakdown.temporaries
-    return report.total_bytes + (FIT_BATCHES[1] - 1) * growing > usable_bytes
+    if report.total_bytes + (FIT_BATCHES[1] - 1) * growing <= usable_bytes:
+        return None
+    return max(FIT_BATCHES[0] + 1, 1 + (usable_bytes - report.total_bytes) // max(growing, 1))
 
 
 UNTRAINABLE = "cannot train"
