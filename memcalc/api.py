@@ -226,8 +226,8 @@ def check_spec(spec: TrainingSpec) -> Report:
     searched = None
     if report.device.fits is False:
         announce(f"{_verdict(report)}; searching the largest batch that fits")
-        searched = (planned_spec(spec),
-                    estimate_spec(planned_spec(spec), layer_tables={}, card_fits=False))
+        planned = planned_spec(spec)
+        searched = (planned, estimate_spec(planned, layer_tables={}, card_fits=False))
         report = report.model_copy(update={"device": report.device.model_copy(
             update={"plan": searched[1].device.plan})})
     problems = _problems(report)
