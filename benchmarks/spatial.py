@@ -20,10 +20,7 @@ from tests.fixtures.spatial_reference import spatial_rank, traced_bytes, unshard
 RESULTS = Path(__file__).with_name("results-spatial.md")
 CASES = [((2, 2, 64, 48, 48), 2), ((2, 2, 64, 48, 48), 4),
          ((2, 2, 128, 32, 32), 2), ((2, 2, 128, 32, 32), 4)]
-"""(batch shape, ranks); the depth axis divides evenly, as the reference needs. Batch 2:
-at batch 1, small CPU convolutions take ATen's native vol2col path instead of oneDNN
-(``use_mkldnn``'s size rule), whose column buffers the trace does not see — a CPU-only
-effect that would swamp the comparison."""
+"""(batch shape, ranks); the depth axis divides evenly, as the reference needs."""
 
 
 def row(batch_shape: tuple[int, ...], world: int) -> str:
@@ -46,12 +43,11 @@ def main() -> None:
         "`tests/fixtures/spatial_reference.py:halo_net` (no normalisation, so the ranks must reproduce "
         "the unsharded model): each rank holds 1/ranks of every volume's depth and receives "
         "its halos by point-to-point messages. \"max |diff|\" is the largest difference of the "
-        "ranks' outputs and all-reduced gradients from the unsharded model's. Both errors "
-        "include the same share of oneDNN's untraced convolution copies on CPU; what the "
-        "spatial model adds is their difference. Batch 2 throughout: at batch 1 small CPU "
-        "convolutions take ATen's native vol2col path (`use_mkldnn`'s size rule), whose column "
-        "buffers the trace does not see on CPU (measured: 1×2×64×32×32 unsharded, 105 MB real "
-        "against 36 MB for a volume twice as deep).",
+        "ranks' outputs and all-reduced gradients from the unsharded model's. Every "
+        "convolution, real and traced, runs ATen's native path (oneDNN set aside: "
+        "`spatial_reference.native_convolutions`): oneDNN picks its algorithms and their "
+        "scratch by CPU model and shape, which a trace does not follow, while the native "
+        "path's column buffers it counts.",
         "",
         "| batch shape | ranks | real rank peak (B) | trace of one slab (B) | error | "
         "real unsharded (B) | trace unsharded (B) | error | max abs diff |",

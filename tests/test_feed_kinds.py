@@ -11,6 +11,7 @@ import pytest
 
 from tests.fixtures.data_kinds import FEED_CASES
 from memcalc.host import LoaderSpec, measure_worker
+from memcalc.host.probe import handover_timed, main_build_timed
 
 pytestmark = pytest.mark.slow      # real DataLoaders timed: run alone
 
@@ -27,10 +28,18 @@ def test_each_kind_is_measured_in_a_real_worker(kind):
     # ... and a batch takes longer to build than to wait for at the step chosen for it, at
     # one worker: the case is CPU-bound there, not trivially fed
     assert measured.core_seconds_per_sample * case.batch_size > 0.5 * case.step_s
-    # the probe also times taking a batch from its worker (whether a worker building its
-    # next batch hands it over late, the GIL warning, is in benchmarks/results-feed.md and
-    # tests/test_feed_check.py: on a loaded machine the worker may not have started building)
-    assert measured.receive_seconds is not None and measured.receive_seconds > 0
-    assert measured.busy_receive_seconds is not None and measured.busy_receive_seconds > 0
+    # the probe also times taking a batch from its worker where its budget allows (whether a
+    # worker building its next batch hands it over late, the GIL warning, is in
+    # benchmarks/results-feed.md and tests/test_feed_check.py: on a loaded machine the worker
+    # may not have started building); a slow CPU's JPEG batches leave no time for it
+    batch_s = measured.seconds_per_sample * case.batch_size
+    receives = (measured.receive_seconds, measured.busy_receive_seconds)
+    if handover_timed(batch_s, prefetch=2):
+        assert all(seconds is not None and seconds > 0 for seconds in receives)
+    else:
+        assert receives == (None, None)
     # and building one in its own process, the 0-worker prediction
-    assert measured.main_build_seconds is not None and measured.main_build_seconds > 0
+    if main_build_timed(batch_s):
+        assert measured.main_build_seconds is not None and measured.main_build_seconds > 0
+    else:
+        assert measured.main_build_seconds is None

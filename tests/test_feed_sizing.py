@@ -58,9 +58,12 @@ def test_heap_states_further_apart_than_ten_points_are_a_range_on_the_head():
 
 @pytest.mark.slow
 def test_a_worker_whose_speed_depends_on_the_heap_is_forecast_in_a_training_scripts():
-    throughput = estimate(_spec("tests.fixtures.data_kinds:volumes_3d", 3)).throughput
-    states = throughput.heap_states
+    report = estimate(_spec("tests.fixtures.data_kinds:volumes_3d", 3))
+    throughput, states = report.throughput, report.throughput.heap_states
     assert states is not None, throughput.assumptions
-    assert states.training_seconds_per_sample < states.fresh_seconds_per_sample
+    # the head and table are the training heap's forecast, the fresh probe's beside it (which
+    # is faster depends on the CPU: tests/test_host_malloc_thresholds.py)
     assert throughput.expected_gpu_utilization == states.training_gpu_utilization
+    assert states.fresh_seconds_per_sample == report.host.measurement.feeding_seconds_per_sample
+    assert states.training_seconds_per_sample != states.fresh_seconds_per_sample
     assert any("depends on glibc's heap they inherit" in line for line in throughput.assumptions)

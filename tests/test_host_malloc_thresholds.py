@@ -105,4 +105,8 @@ def test_a_worker_forked_from_a_training_scripts_heap_reuses_what_a_fresh_one_ma
     trained = measure_worker(loader, BATCH, parent_heap="training")
     assert (fresh.parent_heap, trained.parent_heap) == ("fresh", "training")
     assert churns(fresh) and not churns(trained)
-    assert trained.feeding_seconds_per_sample < fresh.feeding_seconds_per_sample
+    # the fresh worker maps its temporaries again for every batch, the trained one only the
+    # batch it hands over (what that costs in time depends on the CPU: the fresh worker was
+    # the slower on some; on an AMD EPYC both built a sample in 20 ms, within 1.5 %)
+    assert fresh.fault_bytes_per_batch - trained.fault_bytes_per_batch > fresh.batch_bytes / 2
+    assert trained.fault_bytes_per_batch < 1.5 * trained.batch_bytes

@@ -99,13 +99,17 @@ def test_halo_bytes_are_the_padding_rows_of_every_padded_layer():
 
 @pytest.mark.slow
 def test_a_real_two_rank_halo_exchange_matches_the_traced_slab():
-    """Two gloo ranks, each with half of every volume, reproduce the unsharded model; the
-    trace predicts a rank's peak with the same error as it predicts the unsharded step
-    (CPU convolutions' oneDNN copies, not traced, are the same share of both)."""
+    """Two gloo ranks, each with half of every volume, reproduce the unsharded model, and the
+    trace of one slab is each rank's profiler peak within 1 %, as the trace of the whole
+    volume is the unsharded step's (convolutions on ATen's native path, whose buffers the
+    trace counts on any CPU: ``spatial_reference.native_convolutions``)."""
     world, batch_shape = 2, (2, 2, 64, 48, 48)
     ranks = run_ranks(spatial_rank, world, batch_shape)
-    spatial_error = [traced_bytes(batch_shape, world) / peak for _, _, _, peak in ranks]
-    unsharded_error = traced_bytes(batch_shape, 1) / unsharded_peak_bytes(batch_shape)
-    for (_, output_error, grad_error, _), error in zip(ranks, spatial_error, strict=True):
+    slab = traced_bytes(batch_shape, world)
+    for _, output_error, grad_error, peak in ranks:
         assert output_error < 1e-5 and grad_error < 1e-5
-        assert error == pytest.approx(unsharded_error, rel=0.05)
+        assert slab == pytest.approx(peak, rel=0.01)
+    assert traced_bytes(batch_shape, 1) == pytest.approx(unsharded_peak_bytes(batch_shape),
+                                                         rel=0.01)
+    # halving the depth halves the step's activations, not its weights and optimizer state
+    assert 0.5 < slab / traced_bytes(batch_shape, 1) < 0.6

@@ -154,12 +154,29 @@ def _worker_share(pid: int) -> int:
     return max(0, worker.pss_private_bytes - (worker.uss_bytes - worker.pss_shmem_bytes))
 
 
+def _handover_wait_s(batch_s: float, prefetch: int) -> float:
+    """How long a hand-over round waits for the worker to fill its prefetch queue."""
+    return (prefetch + 1) * batch_s + 0.005
+
+
+def handover_timed(batch_s: float, prefetch: int) -> bool:
+    """Whether batches built in ``batch_s`` leave HANDOVER_BUDGET_S for timing their
+    hand-over (``receive_seconds``)."""
+    return HANDOVER_ROUNDS * (_handover_wait_s(batch_s, prefetch) + batch_s / 4) <= HANDOVER_BUDGET_S
+
+
+def main_build_timed(batch_s: float) -> bool:
+    """Whether batches built in ``batch_s`` leave HANDOVER_BUDGET_S for timing the probe's own
+    process building them (``main_build_seconds``)."""
+    return (MAIN_BUILD_BATCHES + 1) * batch_s <= HANDOVER_BUDGET_S
+
+
 def _handover(batches, batch_s: float, prefetch: int) -> dict[str, float]:
     """The main process's time to take a batch from the idle worker and from the worker
     building its next one (``memcalc.host.handover``), where the budget allows."""
-    wait_s = (prefetch + 1) * batch_s + 0.005
-    if HANDOVER_ROUNDS * (wait_s + batch_s / 4) > HANDOVER_BUDGET_S:
+    if not handover_timed(batch_s, prefetch):
         return {}
+    wait_s = _handover_wait_s(batch_s, prefetch)
     try:
         timed = time_handover(batches, wait_s, HANDOVER_ROUNDS, batch_s / 4)
     except StopIteration:   # the dataset ended
@@ -170,7 +187,7 @@ def _handover(batches, batch_s: float, prefetch: int) -> dict[str, float]:
 def _main_build(dataset, batch_size: int, batch_s: float) -> dict[str, float]:
     """The median time this process takes to build a batch itself (no worker) with a core
     to itself, where the budget allows and the dataset has the batches."""
-    if (MAIN_BUILD_BATCHES + 1) * batch_s > HANDOVER_BUDGET_S:
+    if not main_build_timed(batch_s):
         return {}
     batches = iter(DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=0))
     try:
