@@ -51,6 +51,28 @@ def test_a_read_no_rule_covers_gets_the_default_and_is_flagged_as_possibly_short
 
 
 @pytest.mark.parametrize("make, expected", [
+    (lambda: torch.ones(4, 4).min(), 1.0),
+    (lambda: torch.full((3,), 2.5).to(torch.float64).max(), 2.5),
+    (lambda: torch.zeros(2, 2, dtype=torch.int64)[1, 0], 0),
+    (lambda: torch.empty(3).new_full((2,), 7.0).amin(), 7.0),
+])
+def test_a_constant_an_op_filled_is_read_back_exactly(make, expected):
+    with fake_cpu_mode(), BoundedOps() as ops:
+        value = make().item()
+    assert value == expected
+    assert [use.keeps_most_work for use in ops.uses() if use.op == SCALAR_OP] == [True]
+
+
+def test_a_constant_written_into_is_no_longer_known():
+    with fake_cpu_mode(), BoundedOps() as ops:
+        mask = torch.ones(4)
+        mask[1:].mul_(3.0)
+        value = mask.max().item()
+    assert value == SCALAR_DEFAULTS["float"].value
+    assert [use.keeps_most_work for use in ops.uses() if use.op == SCALAR_OP] == [False]
+
+
+@pytest.mark.parametrize("make, expected", [
     (lambda: torch.rand(1), 1.0),
     (lambda: torch.empty(1).uniform_(2.0, 5.0), 5.0),
     (lambda: torch.randint(3, 7, (1,)), 6),

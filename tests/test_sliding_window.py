@@ -8,6 +8,7 @@ import torch
 import memcalc
 from memcalc.errors import InputError
 from memcalc.specs import TrainingSpec
+from memcalc.trace.python_values import SCALAR_OP
 from tests.fixtures.cpu_truth import measure_cpu_peak_bytes
 from tests.fixtures.ecosystem_models import voxel_mlp
 
@@ -45,6 +46,10 @@ def test_sliding_window_inference_within_3_percent_of_a_real_one(case):
     report = _estimate(*CASES[case])
     assert report.device.method == "traced"
     assert report.device.peak_bytes == pytest.approx(_real_peak(*CASES[case]), rel=0.03)
+    # MONAI reads its importance map's minimum (``.item()``): a constant map's is the constant
+    # torch.ones filled it with, read back exactly; a Gaussian map's is computed, not followed
+    reads = [use.keeps_most_work for use in report.device.bounded_sizes if use.op == SCALAR_OP]
+    assert reads and all(reads) is (CASES[case][4] == "constant")
 
 
 def test_the_aggregation_buffers_are_the_whole_volume_in_the_outputs_dtype():

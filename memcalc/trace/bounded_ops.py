@@ -222,6 +222,7 @@ class BoundedOps:
     def forget_values(self, tensors: list[torch.Tensor]) -> None:
         """``tensors`` were written outside the ops seen (a replayed optimizer step)."""
         self._counts.forget(tensors)
+        self.values.forget(tensors)
 
     def _handle(self, func, args, kwargs):
         name = func.name()

@@ -2,8 +2,10 @@
 ``.tolist()``): fake tensors hold none, so each read gets a value by rule, and the rule says
 which side of the truth it puts the estimate on.
 
-In order: a tensor memcalc filled itself (a per-sample length input) gives the value it was
-filled with, and so does every reduction or copy of it (``lengths.max()``); a draw from a
+In order: a tensor memcalc filled itself (a per-sample length input) or that an op filled with
+one constant (``torch.ones``, ``torch.full``: ``CONSTANT_FILLS``) gives the value it was filled
+with, and so does every reduction or copy of it (``lengths.max()``, MONAI's
+``torch.min(importance_map)`` of a constant map); a draw from a
 uniform distribution gives the top of its range, the value that keeps the most work (a
 LayerDrop draw above any drop probability keeps its layer; torchvision's random size choice
 takes the largest size); a 0-dim result of a check or count gives its passing value
@@ -81,6 +83,25 @@ _READS_ELEMENTS = frozenset({
 """Ops whose output holds only values of their first input: a filled input's value goes on."""
 
 
+def _filled_with(value) -> Callable:
+    return lambda *args, **kwargs: value
+
+
+def _argument(position: int, name: str) -> Callable:
+    return lambda *args, **kwargs: kwargs[name] if name in kwargs else args[position]
+
+
+CONSTANT_FILLS: dict[str, Callable] = {
+    "aten::ones": _filled_with(1), "aten::ones_like": _filled_with(1),
+    "aten::new_ones": _filled_with(1), "aten::zeros": _filled_with(0),
+    "aten::zeros_like": _filled_with(0), "aten::new_zeros": _filled_with(0),
+    "aten::full": _argument(1, "fill_value"), "aten::full_like": _argument(1, "fill_value"),
+    "aten::new_full": _argument(2, "fill_value"), "aten::scalar_tensor": _argument(0, "s"),
+}
+"""Ops whose output holds one constant, the value from their arguments: read back exactly,
+as are its reductions and copies (``_READS_ELEMENTS``), until something writes into it."""
+
+
 def keeps_most_work(meaning: str) -> bool:
     """False for the defaults, the values that may leave out work a real step does."""
     return meaning not in {default.meaning for default in SCALAR_DEFAULTS.values()}
@@ -97,6 +118,11 @@ class PythonValues:
     def fill(self, tensor: torch.Tensor, value: object, meaning: str) -> None:
         self._filled[tensor.untyped_storage()] = ScalarValue(value, meaning)
 
+    def forget(self, tensors: list[torch.Tensor]) -> None:
+        """``tensors`` were written outside the ops seen: their filled values no longer hold."""
+        for tensor in tensors:
+            self._filled.pop(tensor.untyped_storage(), None)
+
     def observe(self, func, name: str, args, kwargs, outputs) -> None:
         if self._filled:
             for tensor in written_tensors(func, args, kwargs):
@@ -109,6 +135,13 @@ class PythonValues:
         filled = self._filled.get(source.untyped_storage()) if source is not None else None
         if filled is not None and base in _READS_ELEMENTS:
             self._filled[first.untyped_storage()] = filled
+            return
+        constant = CONSTANT_FILLS.get(base)
+        if constant is not None:
+            value = constant(*args, **kwargs)
+            if isinstance(value, (bool, int, float)):
+                self._filled[first.untyped_storage()] = ScalarValue(
+                    value, f"{value}: the constant {base.removeprefix('aten::')} filled it with")
             return
         convention = SCALAR_CONVENTIONS.get(base)
         if convention is not None and first.numel() == 1:
