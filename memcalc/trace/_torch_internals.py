@@ -10,7 +10,8 @@ Used here (checked against torch 2.3 – 2.14):
   whenever a meta kernel raises, even when the caller catches the error; muted during a trace.
 - ``torch._grouped_mm`` (torch ≥ 2.8, MoE experts in transformers 5): its meta kernel accepts
   only bf16 (torch 2.8 – 2.14) while the CPU and CUDA kernels take fp32 and fp16 too; memcalc
-  supplies its own shape rule (``FAKE_KERNELS``).
+  supplies its own shape rule (``FAKE_KERNELS``). ``_c10d_functional::wait_tensor``'s meta
+  kernel returns a new tensor where the eager one returns its input: memcalc returns the input.
 - ``torch.cuda.memory._record_memory_history`` / ``_snapshot`` (real GPUs only, torch ≥ 2.1):
   the caching allocator's own trace of allocations and frees, for calibration.
 - ``torch.testing._internal.distributed.fake_pg.FakeStore`` (torch ≥ 2.2): the store of the
@@ -182,8 +183,19 @@ def _grouped_mm_output(mat_a: torch.Tensor, mat_b: torch.Tensor,
     return torch.empty_strided(shape, strides[::-1], dtype=dtype, device=mat_a.device)
 
 
-FAKE_KERNELS: dict[str, Callable] = {"aten::_grouped_mm": _grouped_mm_output}
-"""Shape rules memcalc runs instead of torch's fake kernel, by op name (``func.name()``)."""
+def _waited(tensor: torch.Tensor, *args) -> torch.Tensor:
+    """``_c10d_functional::wait_tensor``: its eager kernel hands back the tensor it waited
+    for, its meta kernel (``funcol._wait_tensor_meta``) a new ``empty_like`` of it, which
+    would count every functional collective's result twice while both live (tensor
+    parallelism's gathers: a plain-TP head's whole logits)."""
+    return tensor
+
+
+FAKE_KERNELS: dict[str, Callable] = {"aten::_grouped_mm": _grouped_mm_output,
+                                     "_c10d_functional::wait_tensor": _waited}
+"""Rules memcalc runs instead of torch's fake kernel, by op name (``func.name()``): where the
+fake kernel is too narrow (``_grouped_mm``) or allocates what the eager kernel does not
+(``wait_tensor``)."""
 
 
 _WRITTEN_ARGUMENTS: dict = {}
