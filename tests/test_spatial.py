@@ -113,3 +113,28 @@ def test_a_real_two_rank_halo_exchange_matches_the_traced_slab():
                                                          rel=0.01)
     # halving the depth halves the step's activations, not its weights and optimizer state
     assert 0.5 < slab / traced_bytes(batch_shape, 1) < 0.6
+
+
+def test_a_slab_that_fits_one_sample_is_shown_at_its_own_traced_figure():
+    """The plan's spatial row at batch 1 is the slab's own trace at batch 1 plus NCCL's
+    buffers: the allocator's reserve is the one at the batch that fits, not at batch 2,
+    which went over and was replayed at the limit (a 3D volume's row read 23.9 GiB where its
+    slab's own estimate said 34.5)."""
+    from memcalc.strategies.candidates import _nccl_bytes, distributed_candidate
+
+    estimator = pipeline_estimator()
+    roomy = TrainingSpec(model=HALO_NET, sample_shape=(2, 128, 96, 96), spatial_parts=2,
+                         gpu_memory_bytes=64 * GIB)
+    points = {p.batch_size: p.total_bytes
+              for p in traced_variant(rule_for(Strategy.BASELINE), roomy,
+                                      estimator).report.device.plan.points}
+    usable = points[1] + (points[8] - points[1]) / 7 / 5    # a fifth of a sample's growth
+    tight = roomy.with_changes(gpu_memory_bytes=int(usable / (1 - roomy.headroom_fraction)) + 1)
+    slab = traced_variant(rule_for(Strategy.BASELINE), tight, estimator)
+    plan = slab.report.device.plan
+    assert plan.max_batch_size == 1 and plan.fit_batches == (1, 2)
+    rule = rule_for(Strategy.SPATIAL)
+    candidate = distributed_candidate(rule, slab, 2, ClusterSpec(), find_gpu("T4"),
+                                      ModelStates(0, 0, 0, 0))
+    assert candidate.per_gpu_peak_bytes == (slab.report.device.total_bytes
+                                            + _nccl_bytes(rule, "cuda", 2, 1))

@@ -42,7 +42,7 @@ class Line:
 @dataclass(frozen=True)
 class FittedLines:
     """The traced forward/backward and optimizer-step lines and the allocator's reserve ratio
-    (reserved ÷ allocated at the larger traced batch)."""
+    (reserved ÷ allocated at the planned batch, else at the larger traced batch)."""
 
     compute: Line
     step: Line
@@ -61,7 +61,12 @@ def fitted_lines(base: TracedVariant) -> FittedLines:
         return Line(getattr(low, field) - slope * low.batch_size, slope)
 
     context = base.report.device.context_bytes or 0
-    reserve = (high.total_bytes - context) / high.allocated_bytes
+    # the allocator's reserve where the variant fits: a batch over the capacity was replayed
+    # at the limit, its cache freed and retried, a ratio that holds for no batch that fits
+    # (a 3D volume's slab: 1.34 at batch 2, over, against 1.96 at batch 1, which fits)
+    planned = points.get(plan.max_batch_size)
+    at = planned if planned is not None and planned.fits and planned.allocated_bytes else high
+    reserve = (at.total_bytes - context) / at.allocated_bytes
     return FittedLines(line("compute_peak_bytes"), line("optimizer_peak_bytes"), reserve)
 
 
