@@ -125,8 +125,7 @@ class PythonValues:
 
     def observe(self, func, name: str, args, kwargs, outputs) -> None:
         if self._filled:
-            for tensor in written_tensors(func, args, kwargs):
-                self._filled.pop(tensor.untyped_storage(), None)
+            self.forget(written_tensors(func, args, kwargs))
         base = name.partition(".")[0]
         first = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else outputs
         if not isinstance(first, torch.Tensor):
@@ -140,8 +139,8 @@ class PythonValues:
         if constant is not None:
             value = constant(*args, **kwargs)
             if isinstance(value, (bool, int, float)):
-                self._filled[first.untyped_storage()] = ScalarValue(
-                    value, f"{value}: the constant {base.removeprefix('aten::')} filled it with")
+                self.fill(first, value,
+                          f"{value}: the constant {base.removeprefix('aten::')} filled it with")
             return
         convention = SCALAR_CONVENTIONS.get(base)
         if convention is not None and first.numel() == 1:
