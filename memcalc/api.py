@@ -22,11 +22,12 @@ from memcalc.api_errors import argument_error
 from memcalc.errors import InputError, MemoryBudgetError, UntracedEstimateError
 from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
 from memcalc.model.source import model_reference, resolve_model
+from memcalc.pipeline import BatchSearch
 from memcalc.pipeline import estimate as estimate_spec
 from memcalc.pipeline import training_step_flops
 from memcalc.progress import announce
 from memcalc.report.assumptions import TRACE_FAILED_PREFIX
-from memcalc.device.report import DeviceReport
+from memcalc.device.report import BatchPlan, DeviceReport
 from memcalc.report.models import Report
 from memcalc.report_pool import ReportPool, workers_for
 from memcalc.specs import StepPhase, TrainingSpec
@@ -185,7 +186,7 @@ def _meta_model(spec: TrainingSpec) -> nn.Module:
 
 def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batch_size: int,
           gpu: str | None = None, gpu_memory_bytes: int | None = None,
-          num_workers: int | None = None, **options: Any) -> Report:
+          num_workers: int | None = None, fixes: bool = False, **options: Any) -> Report:
     """The report when ``batch_size`` (and ``num_workers``) fit the GPU and the host.
 
     Args:
@@ -195,11 +196,16 @@ def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batc
         gpu: the card (or give ``gpu_memory_bytes``).
         gpu_memory_bytes: the capacity in bytes, instead of a card.
         num_workers: the DataLoader workers to check on the host.
+        fixes: where the batch does not fit, search the largest batch that does (by tracing,
+            confirmed) and plan the cheapest fixes (mixed precision, checkpointing, more
+            GPUs...): a plan's traces. Without it the answer takes one trace, two where the
+            batch does not fit (about the largest batch, on the line through it and batch 1).
         **options: ``TrainingSpec`` fields, as for ``estimate``.
 
     Raises:
-        MemoryBudgetError: it does not fit; the message has the numbers and the cheapest
-            fixes that fit, ``error.report`` and ``error.plan`` the details.
+        MemoryBudgetError: it does not fit; the message has the numbers (and with
+            ``fixes`` the cheapest fixes that fit), ``error.report`` and ``error.plan`` the
+            details.
         UntracedEstimateError: the step could not be traced; a static count never shows
             that a batch fits.
         InputError: a bad argument, or no capacity given.
@@ -213,18 +219,19 @@ def check(model: ModelLike, sample_shape: tuple[int, ...] | None = None, *, batc
     with caller_process_kept(), model_reference(model) as name:
         spec = training_spec(name, sample_shape, batch_size=batch_size, gpu=gpu,
                              gpu_memory_bytes=gpu_memory_bytes, loader=loader, **options)
-        return check_spec(spec)
+        return check_spec(spec, fixes)
 
 
-def check_spec(spec: TrainingSpec) -> Report:
-    """``check`` for a spec with a batch size and a capacity."""
+def check_spec(spec: TrainingSpec, fixes: bool = False) -> Report:
+    """``check`` for a spec with a batch size and a capacity; ``fixes`` as for ``check``."""
     if spec.batch_size is None or (spec.gpu is None and spec.gpu_memory_bytes is None):
         raise InputError("check needs a batch size and a capacity: give --batch-size and "
                          "--gpu NAME or --gpu-memory SIZE")
-    # whether the batch fits needs one trace; the largest batch only where it does not
-    report = estimate_spec(spec, batch_search=False)
+    # whether the batch fits needs one trace; about the largest batch, one more where it
+    # does not; the searched largest batch and the fixes only where asked
+    report = estimate_spec(spec, batch_search=BatchSearch.NONE if fixes else BatchSearch.BELOW)
     searched = None
-    if report.device.fits is False:
+    if report.device.fits is False and fixes:
         announce(f"{_verdict(report)}; searching the largest batch that fits")
         planned = planned_spec(spec)
         searched = (planned, estimate_spec(planned, layer_tables={}, card_fits=False))
@@ -238,14 +245,16 @@ def check_spec(spec: TrainingSpec) -> Report:
     if not problems:
         return report
     # the planner varies a one-GPU job; a distributed layout is checked as given
-    fixes = (spec.gpu and report.device.fits is False and spec.parallel is None
-             and spec.phase is StepPhase.TRAIN)
+    plannable = bool(spec.gpu and report.device.fits is False and spec.parallel is None
+                     and spec.phase is StepPhase.TRAIN)
+    fixes = fixes and plannable
     if fixes:
         announce(f"{_verdict(report)}; planning the cheapest fixes")
     # the plan's job as given is the batch search just made: not made again
     strategies = plan_spec(spec, ClusterSpec(), known=[searched] if searched else []) \
         if fixes else None
-    raise MemoryBudgetError(_message(problems, strategies), report=report, plan=strategies)
+    raise MemoryBudgetError(_message(problems, strategies, plannable), report=report,
+                            plan=strategies)
 
 
 def _verdict(report: Report) -> str:
@@ -274,7 +283,8 @@ def _problems(report: Report) -> list[str]:
         problems.append(
             f"batch {device.batch_size}{rank} needs {format_bytes(device.total_bytes)} on the GPU, "
             f"{format_bytes(device.usable_bytes)} usable"
-            + (f" (largest batch that fits: {largest})" if largest else " (not even batch 1 fits)"))
+            + (f" (largest batch that fits: {_largest_text(device.plan)})" if largest
+               else f" (not even batch {device.plan.fit_batches[0] if device.plan else 1} fits)"))
     validation = report.validation
     if validation is not None and validation.fits is False:
         problems.append(f"validation batch {validation.batch_size} needs "
@@ -295,8 +305,17 @@ def _problems(report: Report) -> list[str]:
     return problems
 
 
-def _message(problems: list[str], strategies: StrategyPlan | None) -> str:
+def _largest_text(plan: BatchPlan) -> str:
+    if plan.confirmed:
+        return str(plan.max_batch_size)
+    low, high = plan.fit_batches
+    return f"about {plan.max_batch_size}, on the line through traced batches {low} and {high}"
+
+
+def _message(problems: list[str], strategies: StrategyPlan | None, plannable: bool) -> str:
     text = "does not fit: " + "; ".join(problems)
+    if strategies is None and plannable:
+        text += "; --fixes (fixes=True) confirms the largest batch and plans the cheapest fixes"
     if strategies is not None:
         fitting = [c for c in strategies.candidates if c.fits][:FIXES_SHOWN]
         if fitting:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from enum import Enum
 from functools import partial
 
 import torch
 
 from memcalc.device.allocator_settings import AllocatorSettings
+from memcalc.device.batch_search import plan_batch_below
 from memcalc.device.estimate import DeviceTarget
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.gpus import find_gpu
@@ -54,15 +56,27 @@ from memcalc.trace.compiled import eager_model
 from memcalc.trace.tracer import StepSetup
 
 
+class BatchSearch(str, Enum):
+    """How far an estimate with a batch size and a capacity looks for the largest batch."""
+
+    SEARCHED = "searched"
+    """Searched by tracing (confirmed by the next batch up; a batch size given is reported)."""
+    BELOW = "below"
+    """Only where the batch given does not fit: about the largest batch that does, on the
+    line through it and the smallest batch (one trace more; ``plan_batch_below``)."""
+    NONE = "none"
+    """Whether the batch given fits: one trace, ``device.plan`` None."""
+
+
 def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
              layer_tables: dict[str, tuple] | None = None, card_fits: bool = True,
-             batch_search: bool = True) -> Report:
+             batch_search: BatchSearch = BatchSearch.SEARCHED) -> Report:
     """Estimate the memory of one training step described by ``spec``; plan the batch size
     when a GPU or a memory size is given; estimate host RAM and DataLoader workers.
     With ``spec.loader.dataset`` a real worker is measured first (``progress`` follows it).
     ``layer_tables``: torchinfo's tables kept across the estimates of one plan, which share
-    them (see ``_layer_table``). ``batch_search``: False with a batch size and a capacity
-    answers only whether that batch fits (one trace; ``device.plan`` stays None).
+    them (see ``_layer_table``). ``batch_search``: with a batch size and a capacity, how far
+    the largest batch is looked for (``BatchSearch``; without a batch size it is searched).
     ``card_fits``: without a GPU or memory size, also find the
     largest batch on the common cards (``memcalc.device.card_fit``: a second trace for the
     line, and up to ``CONFIRM_TRACES`` more to confirm); False leaves ``device.card_fits``
@@ -81,16 +95,18 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
 
 def _estimate(spec: TrainingSpec, progress: Progress | None,
               layer_tables: dict[str, tuple] | None, card_fits: bool,
-              batch_search: bool = True, resident_worker_bytes: int = 0) -> Report:
+              batch_search: BatchSearch = BatchSearch.SEARCHED,
+              resident_worker_bytes: int = 0) -> Report:
     if spec.machine is None:      # checked now, not after the trace, on the detected machine
         _workers_within_cpus(spec.loader, detect_machine())
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
     prepared = _prepare(spec, measurement, layer_tables)
     try:
-        return _planned_report(spec, prepared, measurement, card_fits and batch_search,
-                               progress, resident_worker_bytes, layer_tables,
-                               batch_search=batch_search or spec.batch_size is None)
+        searched = BatchSearch.SEARCHED if spec.batch_size is None else batch_search
+        return _planned_report(spec, prepared, measurement,
+                               card_fits and searched is BatchSearch.SEARCHED, progress,
+                               resident_worker_bytes, layer_tables, batch_search=searched)
     finally:     # what the model's own hooks kept of the trace's tensors
         clear_traced_tensors(prepared.model)
 
@@ -98,16 +114,21 @@ def _estimate(spec: TrainingSpec, progress: Progress | None,
 def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
                     measurement: WorkerMeasurement | None, card_fits: bool,
                     progress: Progress | None, resident_worker_bytes: int,
-                    layer_tables: dict[str, tuple] | None, *, batch_search: bool = True
+                    layer_tables: dict[str, tuple] | None, *,
+                    batch_search: BatchSearch = BatchSearch.SEARCHED
                     ) -> Report:
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
-    plan = batch_plan(prepared, usable, step) if usable is not None and batch_search else None
+    plan = (batch_plan(prepared, usable, step)
+            if usable is not None and batch_search is BatchSearch.SEARCHED else None)
     # a static count reports no largest batch (its plan stays for the planner, marked static)
     batch_size = spec.batch_size or (reported_batch(plan, spec, step)
                                      if prepared.device_report(step).method == "traced"
                                      else step)
     device = prepared.device_report(batch_size)
+    if batch_search is BatchSearch.BELOW and usable is not None and device.fits is False \
+            and device.method == "traced":
+        plan = plan_batch_below(prepared.device_report, usable, step, batch_size)
     windows = window_plan(prepared, device, partial(_report_at, layer_tables=layer_tables))
     if windows is not None:
         device = device.model_copy(update={"window_plan": windows})

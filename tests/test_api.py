@@ -1,4 +1,4 @@
-"""The library API: model instances, factories and names; check() that raises with fixes."""
+"""The library API: model instances, factories and names; check() in few traces, with fixes."""
 
 import pytest
 import torch
@@ -42,8 +42,7 @@ def test_check_returns_the_report_when_it_fits():
     assert report.device.fits and report.device.batch_size == 8
 
 
-def test_check_answers_a_clear_fit_with_one_trace(monkeypatch):
-    # it ran the whole batch search (13 traces for ResNet-50) to answer yes
+def _count_traces(monkeypatch) -> list[int]:
     import memcalc.prepared_step as prepared_step
 
     traced = []
@@ -51,27 +50,58 @@ def test_check_answers_a_clear_fit_with_one_trace(monkeypatch):
     monkeypatch.setattr(prepared_step, "trace_training_step",
                         lambda setup, *args, **kwargs: traced.append(setup.batch_shape[0])
                         or original(setup, *args, **kwargs))
+    return traced
+
+
+def test_check_answers_a_clear_fit_with_one_trace(monkeypatch):
+    # it ran the whole batch search (13 traces for ResNet-50) to answer yes
+    traced = _count_traces(monkeypatch)
     report = memcalc.check("mlp", (64,), batch_size=8, gpu="T4", model_args=MLP_ARGS,
                            machine=MACHINE)
     assert report.device.fits and traced == [8] and report.device.plan is None
-    with pytest.raises(MemoryBudgetError, match=r"largest batch that fits: \d+"):
-        memcalc.check("mlp", (64,), batch_size=10**9, gpu="T4", model_args=MLP_ARGS,
-                      machine=MACHINE)
+
+
+def test_a_check_that_does_not_fit_answers_with_two_traces_on_the_safe_side(monkeypatch):
+    """No: one trace; about the largest batch: one more (batch 1), on the line through the
+    two, never above the largest batch that the search with fixes=True confirms by tracing
+    (it ran the whole batch search and a plan for the fixes to answer no)."""
+    import memcalc.api as api
+
+    monkeypatch.setattr(api, "workers_for", lambda spec, requested=None: 0)  # all traced here
+    traced = _count_traces(monkeypatch)
+    job = dict(gpu="T4", model_args=MLP_ARGS, machine=MACHINE, optimizer="sgd")
+    with pytest.raises(MemoryBudgetError, match=r"largest batch that fits: about \d+, on the "
+                                                r"line through traced batches 1 and 100000000\)"
+                                                r".*--fixes") as line:
+        memcalc.check("mlp", (64,), batch_size=10**8, **job)
+    assert traced == [10**8, 1] and line.value.plan is None
+    on_line = line.value.report.device.max_batch_size
+    traced.clear()
+    with pytest.raises(MemoryBudgetError, match="cheapest fixes") as searched:
+        memcalc.check("mlp", (64,), batch_size=10**8, fixes=True, **job)
+    confirmed = searched.value.report.device.plan
+    assert len(traced) > 2     # searched by tracing (to a hundredth above batch 1024)
+    assert 0.9 * confirmed.max_batch_size <= on_line <= confirmed.max_batch_size
+
+
+def test_a_check_where_not_even_the_smallest_batch_fits_says_so_after_two_traces(monkeypatch):
+    traced = _count_traces(monkeypatch)
+    with pytest.raises(MemoryBudgetError, match=r"\(not even batch 1 fits\)") as caught:
+        memcalc.check("mlp", (64,), batch_size=4, gpu_memory_bytes=1 << 20,
+                      model_args=MLP_ARGS, machine=MACHINE)
+    plan = caught.value.report.device.plan
+    assert traced == [4, 1] and plan.max_batch_size == 0 and plan.confirmed
+    assert [point.fits for point in plan.points] == [False, False]
 
 
 def test_a_check_that_does_not_fit_tells_its_verdict_after_one_trace(monkeypatch):
     """The verdict is announced after the first trace; the search for the largest batch is
     made once: the fixes' plan takes it for its job as given (it made it again before)."""
     import memcalc.api as api
-    import memcalc.prepared_step as prepared_step
     from memcalc.progress import listening
 
     monkeypatch.setattr(api, "workers_for", lambda spec, requested=None: 0)  # all traced here
-    traced, heard = [], []
-    original = prepared_step.trace_training_step
-    monkeypatch.setattr(prepared_step, "trace_training_step",
-                        lambda setup, *args, **kwargs: traced.append(setup.batch_shape[0])
-                        or original(setup, *args, **kwargs))
+    traced, heard = _count_traces(monkeypatch), []
 
     def hear(text: str) -> None:
         if text.startswith("DOES NOT FIT"):
@@ -79,7 +109,7 @@ def test_a_check_that_does_not_fit_tells_its_verdict_after_one_trace(monkeypatch
 
     with listening(hear), pytest.raises(MemoryBudgetError) as caught:
         memcalc.check("mlp", (64,), batch_size=10**8, gpu="T4", model_args=MLP_ARGS,
-                      machine=MACHINE, optimizer="sgd")
+                      machine=MACHINE, optimizer="sgd", fixes=True)
     (verdict, after), *_ = heard
     assert after == 1 and verdict.startswith("DOES NOT FIT: batch 100000000 needs ")
     largest = caught.value.report.device.max_batch_size
@@ -88,7 +118,8 @@ def test_a_check_that_does_not_fit_tells_its_verdict_after_one_trace(monkeypatch
 
 def test_check_raises_with_numbers_and_the_fixes_that_fit():
     with pytest.raises(MemoryBudgetError) as caught:
-        memcalc.check("resnet3d", (3, 128, 128, 128), batch_size=8, gpu="T4", machine=MACHINE)
+        memcalc.check("resnet3d", (3, 128, 128, 128), batch_size=8, gpu="T4", machine=MACHINE,
+                      fixes=True)
     error = caught.value
     assert isinstance(error, memcalc.MemcalcError)
     assert str(error).startswith("does not fit: batch 8 needs ")

@@ -106,7 +106,7 @@ def test_a_line_plan_solves_for_the_budget_with_the_reserve_as_traced():
         return SimpleNamespace(peak_allocated_bytes=allocated, context_bytes=500 * 2**20,
                                total_bytes=int(1.25 * allocated) + 500 * 2**20,
                                compute_peak_bytes=allocated, optimizer_peak_bytes=allocated,
-                               stage_peak_bytes=[])
+                               stage_peak_bytes=[], fits=None)
 
     plan = plan_batch_on_line(report, USABLE, 4, 8, 12)
     exact = ((USABLE - 500 * 2**20) / 1.25 - 2**30) / (100 * 2**20)
@@ -123,11 +123,51 @@ def test_a_line_plan_answers_by_the_stage_that_reaches_the_budget_first():
         stages = [8 * 2**30 + batch * 10 * 2**20, 4 * 2**30 + batch * 40 * 2**20]
         return SimpleNamespace(peak_allocated_bytes=max(stages), context_bytes=0,
                                total_bytes=max(stages), compute_peak_bytes=max(stages),
-                               optimizer_peak_bytes=max(stages), stage_peak_bytes=stages)
+                               optimizer_peak_bytes=max(stages), stage_peak_bytes=stages,
+                               fits=None)
 
     plan = plan_batch_on_line(report, USABLE, 1, 8, 12)
     assert plan.max_batch_size == (USABLE - 4 * 2**30) // (40 * 2**20)
     assert plan.per_sample_bytes == 40 * 2**20 and plan.model_bytes == 4 * 2**30
+
+
+def _capped_report(context: int, fixed: int, per_sample: int, reserve: float, usable: int):
+    """A step whose reserve is ``reserve`` × allocated until the total reaches ``usable``;
+    above, the allocator (replayed at the limit) frees its cache and retries: the total
+    stays at the usable memory and the batch does not fit."""
+    def report(batch):
+        allocated = fixed + batch * per_sample
+        total = context + int(reserve * allocated)
+        return SimpleNamespace(peak_allocated_bytes=allocated, context_bytes=context,
+                               total_bytes=min(total, usable), fits=total <= usable,
+                               compute_peak_bytes=allocated, optimizer_peak_bytes=allocated,
+                               stage_peak_bytes=[], method="traced")
+    return report
+
+
+def test_about_the_largest_batch_below_one_that_does_not_fit_takes_the_fitting_reserve():
+    """The batch over the limit was replayed at capacity (its total reads as the usable
+    memory, its reserve 1.0): the line takes the reserve of batch 1, which fits, and solves
+    the closed form; traced: the smallest batch and the one given, nothing more."""
+    from memcalc.device.batch_search import plan_batch_below
+
+    context, fixed, per_sample, reserve = 2**29, 6 * 2**30, 81 * 2**20, 1.3
+    traced = []
+    report = _capped_report(context, fixed, per_sample, reserve, USABLE)
+    plan = plan_batch_below(lambda batch: traced.append(batch) or report(batch), USABLE, 1,
+                            10_000)
+    exact = ((USABLE - context) / reserve - fixed) / per_sample
+    assert abs(plan.max_batch_size - exact) <= 1 and plan.max_batch_size <= exact
+    assert sorted(set(traced)) == [1, 10_000] and not plan.confirmed
+
+
+def test_below_a_batch_where_not_even_the_smallest_fits_the_plan_is_zero_and_confirmed():
+    from memcalc.device.batch_search import plan_batch_below
+
+    report = _capped_report(2**29, 2 * USABLE, 2**20, 1.1, USABLE)
+    plan = plan_batch_below(report, USABLE, 2, 8)
+    assert plan.max_batch_size == 0 and plan.confirmed and plan.fit_batches == (2, 8)
+    assert [point.batch_size for point in plan.points] == [2, 8]
 
 
 def test_a_replay_that_flattens_at_capacity_is_bracketed_by_its_floor_in_few_traces():

@@ -87,7 +87,9 @@ COMMAND_BAD_INVOCATIONS = {
                                  "--shape", "784", "--model-arg", "in_features=784",
                                  "--batch-size", "4", "--gpu-memory", "1GiB", "--cpus", "2",
                                  "--ram", "8GiB"], 1,
-                                r"DOES NOT FIT: batch 4 needs .* GiB on the GPU"),
+                                r"DOES NOT FIT: batch 4 needs .* GiB on the GPU, .* usable "
+                                r"\((largest batch that fits: about \d+, on the line through "
+                                r"traced batches 1 and 4|not even batch 1 fits)\)"),
     "check of an untraceable model": (["check", "--model", "tests.fixtures.models:untraceable",
                                        "--shape", "8", "--batch-size", "4", "--gpu", "T4",
                                        "--cpus", "2", "--ram", "8GiB"], 3,
@@ -241,7 +243,7 @@ def test_a_check_that_does_not_fit_prints_one_line_after_planning_in_worker_proc
     # queues must not outlive the resource tracker (a traceback at exit, a process ended)
     completed = subprocess.run(
         [sys.executable, "-m", "memcalc", "check", "--model", "resnet50", "--batch-size", "4000",
-         "--gpu", "A100-80GB", "--cpus", "8", "--ram", "64GiB"],
+         "--gpu", "A100-80GB", "--cpus", "8", "--ram", "64GiB", "--fixes"],
         capture_output=True, text=True, timeout=600, cwd=Path(__file__).resolve().parents[1])
     assert completed.returncode == 1
     assert completed.stdout.startswith("DOES NOT FIT: batch 4000") or \

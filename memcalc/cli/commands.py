@@ -119,11 +119,15 @@ def estimate(ctx, plot_path, as_json, show_layers, details, verify, **options) -
 @model_options
 @job_options
 @click.option("--json", "as_json", is_flag=True, help="Print only the JSON report.")
+@click.option("--fixes", is_flag=True,
+              help="Where the batch does not fit: confirm the largest batch that does and plan "
+                   "the cheapest fixes (a plan's traces; without it: one trace, two where it "
+                   "does not fit).")
 @feed_options
 @host_options
 @timeout_option
 @click.pass_context
-def check(ctx, as_json, **options) -> None:
+def check(ctx, as_json, fixes, **options) -> None:
     """Exit 0 when --batch-size (and --num-workers) fit the GPU and host, 1 when not, 3 when
     the step could not be traced (fit unknown: a static count never says "fits")."""
     from memcalc.api import check_spec
@@ -134,7 +138,7 @@ def check(ctx, as_json, **options) -> None:
         spec = job_spec(ctx, options)
         try:
             with command_progress(f"check {spec.model} at batch {spec.batch_size}"):
-                report = check_spec(spec)
+                report = check_spec(spec, fixes)
         except MemoryBudgetError as error:
             if as_json:
                 echo(error.report.model_dump_json(indent=2))

@@ -106,8 +106,34 @@ def plan_batch_on_line(report_at: Callable[[int], DeviceReport], usable_bytes: i
     at_low, at_high = report_at(low), report_at(high)
     if at_low.total_bytes > usable_bytes:
         return plan_batch_in_steps(report_at, usable_bytes, step)
-    context = at_high.context_bytes
-    reserve = (at_high.total_bytes - context) / max(at_high.peak_allocated_bytes, 1)
+    return _line_plan(at_low, at_high, usable_bytes, step, low, high)
+
+
+def plan_batch_below(report_at: Callable[[int], DeviceReport], usable_bytes: int, step: int,
+                     over: int) -> BatchPlan:
+    """About the largest batch below ``over``, a batch (a multiple of ``step``) traced
+    already that does not fit: on the line through it and the smallest batch (one trace
+    more), as ``plan_batch_on_line`` draws it. Not ``confirmed``; where the smallest batch
+    does not fit either, the plan says so (``max_batch_size`` 0), confirmed by that trace."""
+    at_low, at_over = report_at(step), report_at(over)
+    if not _fits(at_low, usable_bytes):
+        reports = {step: at_low, over: at_over}
+        fitting = {batch: _fits(report, usable_bytes) for batch, report in reports.items()}
+        return _plan(usable_bytes, (step, over), 0, True, reports, fitting)
+    return _line_plan(at_low, at_over, usable_bytes, step, step, over)
+
+
+def _fits(report: DeviceReport, usable_bytes: int) -> bool:
+    return report.total_bytes <= usable_bytes if report.fits is None else report.fits
+
+
+def _line_plan(at_low: DeviceReport, at_high: DeviceReport, usable_bytes: int, step: int,
+               low: int, high: int) -> BatchPlan:
+    # the allocator's reserve as at the larger traced batch that fits: one that does not was
+    # replayed at the limit, its cache freed and retried, and its reserve is not the step's
+    sized = at_high if _fits(at_high, usable_bytes) else at_low
+    context = sized.context_bytes
+    reserve = (sized.total_bytes - context) / max(sized.peak_allocated_bytes, 1)
     budget = (usable_bytes - context) / reserve
     lines = _stage_lines(at_low, at_high)
     answers = [_largest_on_line(low, low_bytes, high, high_bytes, budget)
@@ -249,7 +275,7 @@ def _plan(usable_bytes: int, fit_batches: tuple[int, int], best: int, confirmed:
           reports: dict[int, DeviceReport], fitting: dict[int, bool]) -> BatchPlan:
     batch_a, batch_b = fit_batches
     total_a, total_b = reports[batch_a].total_bytes, reports[batch_b].total_bytes
-    per_sample = max(0, round((total_b - total_a) / (batch_b - batch_a)))
+    per_sample = max(0, round((total_b - total_a) / ((batch_b - batch_a) or 1)))
     points = [PlanPoint(batch_size=batch, total_bytes=report.total_bytes, fits=fitting[batch],
                         method=_method(batch, report, reports),
                         allocated_bytes=report.peak_allocated_bytes,
