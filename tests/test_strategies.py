@@ -170,3 +170,25 @@ def test_compile_is_not_traced_where_the_model_states_alone_exceed_the_gpu():
     assert not any(c.label.endswith("compile") for c in plan.candidates)
     assert any(line.startswith("compile not traced: the model states alone need")
                for line in plan.assumptions)
+
+
+@pytest.mark.parametrize("forced", [Strategy.FSDP, Strategy.MIXED_PRECISION])
+def test_a_launch_file_for_a_forced_strategy_builds_only_that_strategys_rows(forced):
+    """``plan --emit`` with ``--strategy``: the same recommendation and launch files as the
+    whole plan, from the rows that strategy needs only (it built every strategy's rows)."""
+    spec = TrainingSpec(model="mlp", model_args={"in_features": 64, "hidden": 128}, gpu="T4",
+                        machine=MACHINE, sample_shape=(64,))
+    whole = plan_spec(spec, ClusterSpec(gpus_per_node=4, strategy=forced, rank_traces=0))
+    launch = plan_spec(spec, ClusterSpec(gpus_per_node=4, strategy=forced, rank_traces=0,
+                                         launch_only=True))
+    assert launch.recommended == whole.recommended and launch.recommended.startswith(forced.value)
+    assert (launch.torchrun, launch.slurm, launch.train_script) == (
+        whole.torchrun, whole.slurm, whole.train_script)
+    distributed = forced is Strategy.FSDP
+    needed = {Strategy.BASELINE, forced} | ({c.strategy for c in whole.candidates
+                                             if c.gpus == 1 and c.strategy not in (
+                                                 Strategy.COMPILE, Strategy.ACCUMULATION)}
+                                            if distributed else set())
+    assert {c.strategy for c in launch.candidates} == needed
+    assert len(launch.candidates) < len(whole.candidates)
+    assert any(line.startswith("launch file only") for line in launch.assumptions)

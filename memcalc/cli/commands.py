@@ -202,7 +202,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
                               interconnect=interconnect, mfu=spec.feed.mfu,
                               gradient_as_bucket_view=bucket_view, strategy=forced,
                               max_gpus=max_gpus, compile_levers=compile_levers,
-                              rank_traces=rank_traces)
+                              rank_traces=rank_traces, launch_only=bool(emit))
         with variant_progress() as on_variant:
             result = plan_spec(spec, cluster, on_variant)
         static = result.reason.startswith(STATIC_PLAN)

@@ -20,13 +20,15 @@ from memcalc.strategies.ranking import TIE_SHARE, rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.rules import (
     MIXED_PRECISIONS,
+    DerivedRule,
+    TracedRule,
     VariantContext,
     derived_rules,
     traced_rules,
 )
 from memcalc.strategies.sharding import ModelStates, largest_unit_fraction
 from memcalc.strategies.spatial import MAX_TRACES_PER_BASE
-from memcalc.strategies.specs import ClusterSpec
+from memcalc.strategies.specs import ClusterSpec, Strategy
 from memcalc.strategies.variants import (
     TracedVariant,
     VariantEstimator,
@@ -57,8 +59,9 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
                          "`memcalc check`")
     gpu = find_gpu(spec.gpu)
     model = estimator.model(spec)
+    focus = cluster.strategy if cluster.launch_only else None
     variants, not_traced = traced_variants(spec, _variant_context(spec, gpu, model, cluster),
-                                           estimator)
+                                           estimator, focus)
     baseline = next(v for v in variants if v.rule.as_given)
     job_batch = spec.batch_size
     candidates = [single_gpu_candidate(v, cluster, gpu, job_batch) for v in variants]
@@ -67,7 +70,7 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
     not_splittable = not_splittable_reason(model, baseline.report.input.traced_batch_shape[1:])
     context = PlanContext(cluster, gpu, estimator, not_splittable, job_batch)
     screened, failures, skipped = _derived_candidates(variants, largest_unit_fraction(model),
-                                                      context, candidates, prune)
+                                                      context, candidates, prune, focus)
     spatial = [s.candidate for s in screened if s.candidate.spatial_parts > 1]
     derived, not_ranked = trace_ranks([s for s in screened if s.candidate.spatial_parts == 1],
                                       candidates + spatial, context)
@@ -86,20 +89,21 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
                                                    not_splittable) + _skipped(skipped),
         **launch_files(chosen, cluster, host, spec, gpu),
         assumptions=(_assumptions(cluster, model, not_splittable) + not_traced + failures
-                     + skipped),
+                     + skipped + _focused(focus)),
         largest_sample_shape=crop,
         largest_sample_strategy=leanest.label if crop else None,
     )
 
 
-def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: VariantEstimator
-                    ) -> tuple[list[TracedVariant], list[str]]:
+def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: VariantEstimator,
+                    focus: Strategy | None = None) -> tuple[list[TracedVariant], list[str]]:
     """Every traced rule that applies to ``spec``, traced, in registration order, and why a
     rule was not traced. The job as given is traced first, the rules that do not add to it
     asked for ahead meanwhile; a rule that only adds to it is left out when one sample of the
-    job does not fit, one that keeps the model states whole when they alone exceed the GPU."""
+    job does not fit, one that keeps the model states whole when they alone exceed the GPU.
+    ``focus``: only the rules its rows need (``_needed``)."""
     applying, clashes = [], []
-    for rule in traced_rules():
+    for rule in (rule for rule in traced_rules() if _needed(rule, focus)):
         try:
             applying.append((rule, rule.variant(spec, context)))
         except ValidationError as error:   # the job's options and the rule's do not go together
@@ -132,6 +136,21 @@ def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: Vari
     return variants, clashes + notes
 
 
+def _needed(rule: TracedRule | DerivedRule, focus: Strategy | None) -> bool:
+    """Whether the rows of ``focus`` (None: every strategy) need ``rule``: its own, the job
+    as given, and for a distributed strategy the single-GPU variants it is built on."""
+    if focus is None or rule.strategy is focus:
+        return True
+    distributed = any(derived.strategy is focus for derived in derived_rules())
+    return isinstance(rule, TracedRule) and (rule.as_given or (distributed and rule.base))
+
+
+def _focused(focus: Strategy | None) -> list[str]:
+    return [] if focus is None else [
+        f"launch file only (--emit with --strategy {focus.value}): the other strategies' rows "
+        "were not built"]
+
+
 def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module,
                      cluster: ClusterSpec) -> VariantContext:
     # a job already in mixed precision keeps its own autocast in every mixed variant
@@ -141,14 +160,15 @@ def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module,
 
 
 def _derived_candidates(variants: list[TracedVariant], unit_fraction: float,
-                        context: PlanContext, single: list[Candidate], prune: bool
+                        context: PlanContext, single: list[Candidate], prune: bool,
+                        focus: Strategy | None = None
                         ) -> tuple[list[Screened], list[str], list[str]]:
     """Every derived rule on every base variant (base by base, rules in registration order),
     why a rule could not build one, and the bases a searching rule skipped. Rules sized in
     closed form go first, so that searching ones can compare with all they built."""
     bases = [(base, _states(base, unit_fraction)) for base in variants if base.rule.base]
     sized: dict[tuple[int, int], Sized] = {}
-    rules = derived_rules()
+    rules = [rule for rule in derived_rules() if _needed(rule, focus)]
     for which, rule in enumerate(rules):
         if rule.search is None:
             for index, (base, states) in enumerate(bases):

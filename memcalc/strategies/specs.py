@@ -78,6 +78,10 @@ class ClusterSpec(BaseModel):
     rank_traces: int = Field(default=DEFAULT_RANK_TRACES, ge=0, le=MAX_RANK_TRACES_ASKED)
     """Most distributed rows traced as one rank of the job (``memcalc.strategies.
     rank_candidates``); 0: every distributed row is its closed form (a quicker screen)."""
+    launch_only: bool = False
+    """Only the recommended candidate's launch files are wanted (``plan --emit``): with a
+    forced ``strategy``, only what that strategy's rows need is traced (the job as given, and
+    the single-GPU variants a distributed strategy is built on); the other rows are absent."""
     compile_levers: bool = False
     """Also trace ``torch.compile`` as a lever (compile, mixed-precision+compile): every trace
     of theirs captures the graphs again, which makes a plan several times slower."""
