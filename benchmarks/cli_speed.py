@@ -5,7 +5,8 @@ idle machine. Prints the table and writes benchmarks/results-cli-speed.md.
     python -m benchmarks.cli_speed
 
 Targets: `estimate` of a zoo model within 5 s beyond `import torch`; `check` of a batch that
-clearly fits in one trace; `plan --emit` no slower than the plan it prints from.
+clearly fits in one trace, of one that does not in two (`--fixes` searches the largest batch
+and plans the fixes); `plan --emit` no slower than the plan it prints from.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ COMMANDS = [
                                                      "--batch-size", "64", "--gpu", "A100-80GB"]),
     ("check resnet50 batch 4000 on A100-80GB (does not)", [
         "check", "--model", "resnet50", "--batch-size", "4000", "--gpu", "A100-80GB"]),
+    ("check resnet50 batch 4000 on A100-80GB --fixes", [
+        "check", "--model", "resnet50", "--batch-size", "4000", "--gpu", "A100-80GB", "--fixes"]),
 ]
 TRACE_COUNTER = ("import sys, runpy, memcalc.prepared_step as p\n"
                  "original = p.trace_training_step\n"
