@@ -52,7 +52,7 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
         if batch not in totals:
             reports[batch] = report = report_at(batch)
             totals[batch] = report.total_bytes
-            fitting[batch] = totals[batch] <= usable_bytes if report.fits is None else report.fits
+            fitting[batch] = _fits(report, usable_bytes)
             floors[batch] = floor_bytes(report)
         return totals[batch]
 
@@ -124,6 +124,7 @@ def plan_batch_below(report_at: Callable[[int], DeviceReport], usable_bytes: int
 
 
 def _fits(report: DeviceReport, usable_bytes: int) -> bool:
+    """The report's own verdict (the allocator replayed at the limit), else its total."""
     return report.total_bytes <= usable_bytes if report.fits is None else report.fits
 
 
