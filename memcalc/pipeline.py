@@ -125,7 +125,10 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
     batch_size = spec.batch_size or (reported_batch(plan, spec, step)
                                      if prepared.device_report(step).method == "traced"
                                      else step)
-    device = prepared.device_report(batch_size)
+    device = prepared.device_report(batch_size, real=True)
+    if plan is not None and any(point.method == "line" for point in plan.points) \
+            and prepared.line.dropped:      # the headline's trace is off the plan's line
+        plan = batch_plan(prepared, usable, step)
     if batch_search is BatchSearch.BELOW and usable is not None and device.fits is False \
             and device.method == "traced":
         plan = plan_batch_below(prepared.device_report, usable, step, batch_size)
@@ -186,6 +189,8 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            offloaded_bytes=device.offloaded_bytes,
                            tensor_layout=_tensor_layout(spec, prepared.model,
                                                         device.sequence_parallel_dropped))
+        + prepared.line.assumptions([batch for batch in prepared.line_traces
+                                     if batch not in prepared.traces])
         + bounded_size_assumptions(device.bounded_sizes)
         + skipped_workspace_assumptions(device.skipped_workspace_bytes)
         + compiled_assumptions(setup.compile_regions, device.compile_fallbacks)

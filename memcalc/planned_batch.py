@@ -1,6 +1,8 @@
-"""The batch a report is made at and the plan of the largest batch: searched by tracing, or
-on the line through two traced batches where a trace grows with the batch (a pipeline's
-microbatches, a sliding window's windows); and the largest batch on each common card."""
+"""The batch a report is made at and the plan of the largest batch: searched on the line its
+traces lie on (``memcalc.trace.step_line``; the answer traced, and searched again by tracing
+where it is off the line), or on the line through two traced batches where a trace grows with
+the batch (a pipeline's microbatches, a sliding window's windows); and the largest batch on
+each common card."""
 
 from __future__ import annotations
 
@@ -20,9 +22,31 @@ def batch_plan(prepared: PreparedStep, usable: int, step: int) -> BatchPlan:
     traced batches where a trace runs every microbatch (a pipeline) or every window (a
     sliding window), so large batches are not traced."""
     line = line_batches(prepared.spec)
-    if line is None:
-        return plan_batch_in_steps(prepared.device_report, usable, step)
-    return plan_batch_on_line(prepared.device_report, usable, step, *line)
+    if line is not None:
+        return plan_batch_on_line(prepared.device_report, usable, step, *line)
+    prepared.tentative_line = True
+    try:
+        plan = plan_batch_in_steps(prepared.device_report, usable, step)
+    finally:
+        prepared.tentative_line = False
+    given = [point.batch_size for point in plan.points if prepared.from_line(point.batch_size)]
+    if given:     # the answer is traced (else the next one up, where the line is unchecked)
+        answer, breaks = plan.max_batch_size, prepared.line_breaks
+        if answer in given or not prepared.line.checked:
+            prepared.device_report(answer if answer in given else
+                                   min((batch for batch in given if batch > answer),
+                                       default=max(given)), real=True)
+        if prepared.line_breaks != breaks:
+            # the trace was off the line: searched again (by tracing, until a line is checked)
+            plan = plan_batch_in_steps(prepared.device_report, usable, step)
+    return on_line_marked(plan, prepared)
+
+
+def on_line_marked(plan: BatchPlan, prepared: PreparedStep) -> BatchPlan:
+    """The plan with the points the line gave (not traced) marked ``line``."""
+    return plan.model_copy(update={"points": [
+        point.model_copy(update={"method": "line"}) if prepared.from_line(point.batch_size)
+        else point for point in plan.points]})
 
 
 def line_batches(spec: TrainingSpec) -> tuple[int, int] | None:
@@ -48,7 +72,8 @@ def card_fits_of(prepared: PreparedStep) -> list[CardFit]:
     return card_fits(prepared.card_report,
                      {card: target.usable_bytes for card, target in targets.items()},
                      {card: target.capacity_bytes for card, target in targets.items()},
-                     traced=lambda: set(prepared.traces))
+                     traced=lambda: set(prepared.traces),
+                     costs_no_trace=prepared.costs_no_trace)
 
 
 def window_plan(prepared: PreparedStep, device: DeviceReport,

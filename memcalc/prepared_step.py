@@ -17,6 +17,7 @@ from memcalc.model.layout import LayoutDecision
 from memcalc.model.user_hooks import user_hooks, without_user_hooks
 from memcalc.specs import TrainingSpec
 from memcalc.progress import announce
+from memcalc.trace.step_line import StepLine
 from memcalc.trace.tracer import StepSetup, TraceResult, trace_training_step
 
 
@@ -48,6 +49,14 @@ class PreparedStep:
     """Why the model's own hooks were left out of the traces (they failed on fakes)."""
     compile_left_out: str | None = None
     """Why the compiled step could not be traced (it was then traced eagerly)."""
+    line: StepLine = field(default_factory=StepLine)
+    """The line the traces lie on: once checked, batches on it are not traced."""
+    line_traces: dict[int, TraceResult] = field(default_factory=dict)
+    """Steps the line gave, by batch (not traced)."""
+    tentative_line: bool = False
+    """The line is used before a trace has checked it (a batch search, checked after)."""
+    line_breaks: int = 0
+    """Traces found off the line (what it gave was then forgotten)."""
 
     @property
     def spec(self) -> TrainingSpec:
@@ -61,11 +70,22 @@ class PreparedStep:
                 training=setup.evaluation is None)
         return self.statics[batch_size]
 
-    def device_report(self, batch_size: int) -> DeviceReport:
-        """Traced once per batch size; static where tracing is known to fail."""
+    def device_report(self, batch_size: int, real: bool = False) -> DeviceReport:
+        """Traced once per batch size, or taken from the checked line of the traces
+        (``real``: traced, whatever the line gives); static where tracing is known to fail."""
+        if real and batch_size not in self.traces:
+            self._forget_given(batch_size)
+            self._trace(batch_size, real=True)
         if batch_size not in self.reports:
             self.reports[batch_size] = self._report(batch_size)
         return self.reports[batch_size]
+
+    def from_line(self, batch_size: int) -> bool:
+        """Whether the step at ``batch_size`` was taken from the line (not traced)."""
+        return batch_size in self.line_traces and batch_size not in self.traces
+
+    def costs_no_trace(self, batch_size: int) -> bool:
+        return batch_size in self.traces or self.line.checked
 
     def trace_error_at(self, batch_size: int) -> str | None:
         """Why the report at ``batch_size`` is static (None when it is traced)."""
@@ -100,7 +120,15 @@ class PreparedStep:
                 int(gpu.memory_bytes * self.spec.headroom_fraction))
         return self.card_targets[card]
 
-    def _trace(self, batch_size: int) -> TraceResult | None:
+    def _trace(self, batch_size: int, real: bool = False) -> TraceResult | None:
+        if batch_size not in self.traces and not real:
+            if batch_size not in self.line_traces:
+                given = self.line.at(batch_size, self.tentative_line)
+                if given is None:
+                    return self._trace(batch_size, real=True)
+                self.line_traces[batch_size] = given
+                self.output_shapes[batch_size] = given.output_shape
+            return self.line_traces[batch_size]
         if batch_size not in self.traces:
             self.traces[batch_size] = None
             if self._should_trace(batch_size):
@@ -112,9 +140,21 @@ class PreparedStep:
                     trace = self._traced_compiled_or_eager(setup)
                     self.output_shapes[batch_size] = trace.output_shape
                     self.traces[batch_size] = trace
+                    self._forget_given(batch_size)
+                    if not self.line.observe(batch_size, trace):
+                        self.line_breaks += 1
+                        self._forget_given(*self.line_traces)
                 except TraceError as error:
                     self.trace_errors[batch_size] = str(error)
         return self.traces[batch_size]
+
+    def _forget_given(self, *batches: int) -> None:
+        """Drop what the line gave at ``batches`` (a trace of theirs replaces it)."""
+        for batch in batches:
+            self.line_traces.pop(batch, None)
+            self.reports.pop(batch, None)
+            for key in [key for key in self.card_reports if key[1] == batch]:
+                del self.card_reports[key]
 
     def _traced_compiled_or_eager(self, setup: StepSetup) -> TraceResult:
         """The step with its compiled regions; when that trace fails, eagerly, the reason

@@ -7,6 +7,9 @@ answer (the line's total at that batch, or at the next, within ``NEAR_FRACTION``
 memory) and the batch is small enough for one sample to matter, the card's batch search
 (``plan_batch``) confirms it by tracing, within a budget of traces shared by all cards.
 
+Batches on a checked line of the traces (``memcalc.trace.step_line``) cost no trace: once a
+third trace has checked it, every card is searched in full.
+
 Known limitations: the trace is made for no card in particular (attention kernels as on a
 recent card); each card's CUDA context, workspaces and allocator limit are its own.
 """
@@ -44,16 +47,19 @@ class _OutOfBudget(Exception):
 
 
 def card_fits(report_at: ReportAt, usable_bytes: dict[str, int], memory_bytes: dict[str, int],
-              traced: Callable[[], set[int]], budget: int = CONFIRM_TRACES) -> list[CardFit]:
+              traced: Callable[[], set[int]], budget: int = CONFIRM_TRACES,
+              costs_no_trace: Callable[[int], bool] | None = None) -> list[CardFit]:
     """The largest batch on each card in ``usable_bytes`` (card name → usable bytes).
-    ``traced()`` is the set of batches traced so far: their reports cost no trace, and new
-    ones stay within ``budget`` (all cards together)."""
+    ``traced()`` is the set of batches traced so far: their reports cost no trace, nor do
+    those ``costs_no_trace`` says need none (on a checked line of the traces), and new ones
+    stay within ``budget`` (all cards together)."""
     small, large = FIT_BATCHES
     spent = [0]
+    free = costs_no_trace or (lambda batch: batch in traced())
 
     def within_budget(card: str) -> Callable[[int], DeviceReport]:
         def at(batch: int) -> DeviceReport:
-            if batch not in traced():
+            if not free(batch):
                 if spent[0] >= budget:
                     raise _OutOfBudget
                 spent[0] += 1

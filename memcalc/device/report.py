@@ -21,9 +21,11 @@ class PlanPoint(BaseModel):
     batch_size: int
     total_bytes: int
     fits: bool
-    method: Literal["traced", "static", "cannot train"] = "traced"
+    method: Literal["traced", "static", "cannot train", "line"] = "traced"
     """``static`` where the trace failed at this batch; ``cannot train`` where it failed but
-    a larger batch traces (the model refuses this batch, e.g. BatchNorm at batch 1)."""
+    a larger batch traces (the model refuses this batch, e.g. BatchNorm at batch 1);
+    ``line`` where the step was not traced at this batch but taken from the line its traces
+    lie on, checked by a third trace (``memcalc.trace.step_line``)."""
     allocated_bytes: int | None = None
     """Live tensor bytes + workspaces at the peak (what the allocator reserves for)."""
     compute_peak_bytes: int | None = None

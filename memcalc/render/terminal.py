@@ -150,15 +150,19 @@ def _plan_panel(report: Report) -> Panel:
         if plan.max_batch_size in static:
             state = "STATIC lower bound, fit unknown: NOT confirmed"
         traced_there = any(point.batch_size == plan.max_batch_size for point in plan.points)
+        next_on_line = any(point.batch_size == plan.max_batch_size + 1
+                           and point.method == "line" for point in plan.points)
         lines.append(f"[bold]largest batch that fits: {plan.max_batch_size}[/] ({state} by "
-                     "tracing it and the next one up" + ("" if traced_there or plan.confirmed
-                                                          else "; on the line") + ")")
+                     + ("tracing it, the next one up on the traces' line" if next_on_line
+                        else "tracing it and the next one up")
+                     + ("" if traced_there or plan.confirmed else "; on the line") + ")")
     untrainable = {point.batch_size for point in plan.points if point.method == UNTRAINABLE}
     traced = ", ".join(
         f"{point.batch_size}: cannot train at this batch (its trace fails where larger ones "
         "trace: the model's own code refuses it)" if point.batch_size in untrainable else
         f"{point.batch_size}: {format_bytes(point.total_bytes)} {'fits' if point.fits else 'over'}"
         + (" (STATIC: the trace failed)" if point.batch_size in static else "")
+        + (" (on the line)" if point.method == "line" else "")
         for point in plan.points)
     lines.append(f"{'estimated' if static else 'traced'} batches: {traced}")
     if device.window_plan is not None:

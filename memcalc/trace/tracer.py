@@ -54,7 +54,7 @@ from memcalc.trace.interrupts import DeferredInterrupts
 from memcalc.trace.step import StepBody, TrainingIteration, prime_optimizer_state
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
-from memcalc.trace.workspaces import ConvWorkspaces
+from memcalc.trace.workspaces import ConvWorkspaces, WorkspaceSize
 from memcalc.trace.cpu_conv_columns import CpuConvColumns
 from memcalc.specs import GradMode, LossKind
 
@@ -169,6 +169,8 @@ class TraceResult:
     sequence_parallel_dropped: str = ""
     """Why the rank was traced without the sequence parallelism it asked for ("": it was
     not asked for, or traced with it)."""
+    sized_records: dict[int, WorkspaceSize] = field(default_factory=dict)
+    """Ledger records whose bytes a rule gives (cuDNN workspaces), by record id."""
 
 
 def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
@@ -264,11 +266,16 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
         return ledger.allocate(nbytes, cursor.phase, cursor.iteration, cursor.module_path,
                                MemoryCategory.TEMPORARY)
 
-    def transient(nbytes: int) -> None:
+    sized: dict[int, WorkspaceSize] = {}
+
+    def transient(nbytes: int, size: WorkspaceSize | None = None) -> None:
         if nbytes > 0:
-            ledger.free(ledger.allocate(nbytes, cursor.phase, cursor.iteration,
-                                        cursor.module_path, MemoryCategory.WORKSPACE,
-                                        optional=True))
+            record = ledger.allocate(nbytes, cursor.phase, cursor.iteration,
+                                     cursor.module_path, MemoryCategory.WORKSPACE,
+                                     optional=True)
+            if size is not None:
+                sized[record.record_id] = size
+            ledger.free(record)
 
     workspaces = (ConvWorkspaces(setup.cudnn, transient, ledger.empty_cache,
                                  benchmark=setup.cudnn_benchmark, tf32=setup.cudnn_tf32)
@@ -339,7 +346,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                        dict(kernels.target.attention_backends) if kernels else {},
                        tuple(sorted(kernels.target.unmodelled if kernels else
                                     columns.unmodelled if columns else ())),
-                       compile_fallbacks=fallbacks(regions))
+                       compile_fallbacks=fallbacks(regions), sized_records=sized)
 
 
 def _step_context(setup: StepSetup) -> tuple:

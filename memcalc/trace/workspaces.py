@@ -12,6 +12,7 @@ PyTorch empties the allocator's cache (``Conv_v8.cpp``, ``run_single_conv``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -64,11 +65,29 @@ def conv_call(kind: ConvKind, x: torch.Tensor, weight: torch.Tensor, y: torch.Te
                     tf32=tf32, benchmark=benchmark)
 
 
+@dataclass(frozen=True)
+class WorkspaceSize:
+    """How a workspace's bytes follow from its call: the rule of ``model`` for ``call`` (the
+    plan search's buffer with ``find``). A line through two traces
+    (``memcalc.trace.affine_trace``) recomputes it at another batch, where the rule, capped
+    and rounded, is not affine in the batch as the call's tensors are."""
+
+    call: ConvCall
+    model: WorkspaceModel
+    find: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return (self.model.find_bytes(self.call) if self.find
+                else self.model.workspace_bytes(self.call))
+
+
 class ConvWorkspaces:
     """Op hook for ``StorageWatcher``: watches a convolution's outputs in cuDNN's order and
     adds each call's workspace as a transient, optional allocation."""
 
-    def __init__(self, model: WorkspaceModel, transient: Callable[[int], None],
+    def __init__(self, model: WorkspaceModel,
+                 transient: Callable[[int, WorkspaceSize], None],
                  empty_cache: Callable[[], None], *, benchmark: bool, tf32: bool) -> None:
         self._model, self._transient, self._empty_cache = model, transient, empty_cache
         self._benchmark, self._tf32 = benchmark, tf32
@@ -100,6 +119,8 @@ class ConvWorkspaces:
         self.calls += 1
         if self._benchmark and call not in self._searched:
             self._searched.add(call)
-            self._transient(self._model.find_bytes(call))
+            found = WorkspaceSize(call, self._model, find=True)
+            self._transient(found.nbytes, found)
             self._empty_cache()
-        self._transient(self._model.workspace_bytes(call))
+        size = WorkspaceSize(call, self._model)
+        self._transient(size.nbytes, size)

@@ -1,0 +1,68 @@
+"""The trace on the line through two traces: figure for figure the trace made there (a real
+traced step on the CPU wheel, for a CUDA card's cuDNN workspaces), and no line where two
+traces differ in more than numbers affine in the batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from memcalc.api import training_spec
+from memcalc.pipeline import _prepare
+from memcalc.trace.affine_trace import affine_trace
+from memcalc.trace.categories import MemoryCategory
+from memcalc.trace.ledger import MemoryLedger, Phase
+from memcalc.trace.tracer import TraceResult
+
+
+def _trace(sizes: list[int], batch: int, category=MemoryCategory.ACTIVATION) -> TraceResult:
+    ledger = MemoryLedger()
+    records = [ledger.allocate(size, Phase.FORWARD, 1, "layer", category) for size in sizes]
+    ledger.free(records[0])
+    return TraceResult(ledger, (batch, 2), frozenset({"mm"}), None)
+
+
+def test_the_line_gives_each_storage_its_bytes_and_recomputes_the_peak():
+    line = affine_trace(1, _trace([108, 64], 1), 3, _trace([124, 64], 3))
+    at_ten = line.at(10)
+    assert [record.nbytes for record in at_ten.ledger.records] == [180, 64]
+    assert [event.delta_bytes for event in at_ten.ledger.events] == [180, 64, -180]
+    assert at_ten.ledger.peak_bytes == 244 and at_ten.ledger.live_bytes == 64
+    assert at_ten.output_shape == (10, 2)
+    assert line.matches(10, _trace([180, 64], 10))
+    assert not line.matches(10, _trace([180, 65], 10))
+
+
+@pytest.mark.parametrize("other", [
+    _trace([133, 64], 4),                                   # 25 bytes over 3 samples
+    _trace([132], 4),                                       # a storage fewer
+    _trace([132, 64], 4, MemoryCategory.TEMPORARY),         # another role
+])
+def test_no_line_where_the_traces_differ_in_more_than_whole_bytes_per_sample(other):
+    assert affine_trace(1, _trace([108, 64], 1), 4, other) is None
+
+
+@pytest.fixture(scope="module")
+def conv_step():
+    spec = training_spec("tests.fixtures.compiled_models:conv_bn_relu", (3, 32, 32),
+                         gpu="A100-80GB", model_args={"channels": 16, "depth": 3})
+    return _prepare(spec, None)
+
+
+def test_a_conv_step_on_the_line_is_the_step_traced_there(conv_step):
+    traces = {batch: conv_step._trace(batch, real=True) for batch in (1, 4, 11)}
+    line = affine_trace(1, traces[1], 4, traces[4])
+    assert line is not None
+    # cuDNN's workspaces come from their rule (capped and rounded, not affine in the batch)
+    assert traces[11].sized_records
+    workspace = {record.record_id: record.nbytes for record in traces[11].ledger.records
+                 if record.category is MemoryCategory.WORKSPACE}
+    assert workspace and set(traces[11].sized_records) <= set(workspace)
+    assert line.at(11) == traces[11]
+    assert line.at(11).ledger.peak_bytes == traces[11].ledger.peak_bytes
+
+
+def test_a_step_with_a_batch_by_batch_tensor_is_off_any_line():
+    prepared = _prepare(training_spec("tests.fixtures.models:gram", (64,)), None)
+    traces = {batch: prepared._trace(batch, real=True) for batch in (1, 2, 5)}
+    line = affine_trace(1, traces[1], 2, traces[2])
+    assert line is None or not line.matches(5, traces[5])
