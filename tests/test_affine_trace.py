@@ -66,3 +66,31 @@ def test_a_step_with_a_batch_by_batch_tensor_is_off_any_line():
     traces = {batch: prepared._trace(batch, real=True) for batch in (1, 2, 5)}
     line = affine_trace(1, traces[1], 2, traces[2])
     assert line is None or not line.matches(5, traces[5])
+
+
+def _freed_in_order(batch: int, order: tuple[int, int]) -> TraceResult:
+    ledger = MemoryLedger()
+    records = [ledger.allocate(size, Phase.FORWARD, 1, "layer", MemoryCategory.ACTIVATION)
+               for size in (8 * batch, 16 * batch, 4)]
+    for index in order:                     # freed together, in either order
+        ledger.free(records[index])
+    ledger.allocate(2 * batch, Phase.BACKWARD, 1, "layer", MemoryCategory.ACTIVATION)
+    return TraceResult(ledger, (batch, 2), frozenset(), None)
+
+
+def test_storages_freed_together_in_another_order_are_on_the_line():
+    line = affine_trace(1, _freed_in_order(1, (0, 1)), 3, _freed_in_order(3, (1, 0)))
+    assert line is not None
+    assert line.matches(7, _freed_in_order(7, (1, 0))) and line.matches(7, _freed_in_order(7, (0, 1)))
+    assert line.at(7).ledger.peak_bytes == 8 * 7 + 16 * 7 + 4
+
+
+def test_cuda_embedding_scratch_is_sized_by_its_rule_past_the_vocabulary():
+    """``min(lookups, vocabulary)`` and ``lookups // 10``: not affine, recomputed by rule."""
+    spec = training_spec("gpt2", (64,), gpu="A100-80GB",
+                         model_args={"depth": 1, "dim": 64, "heads": 2, "vocab": 5000})
+    prepared = _prepare(spec, None)
+    traces = {batch: prepared._trace(batch, real=True) for batch in (61, 71, 91)}
+    line = affine_trace(61, traces[61], 71, traces[71])
+    assert any(traces[91].sized_records.values())
+    assert line is not None and line.matches(91, traces[91])  # 64 × 91 lookups > 5000 words

@@ -52,8 +52,12 @@ class AffineTrace:
 
     def matches(self, batch: int, trace: TraceResult) -> bool:
         """Whether ``trace``, traced at ``batch``, is the line's trace there, figure for
-        figure (every storage, event, kernel and count)."""
-        return self.at(batch) == trace
+        figure (every storage, event, kernel and count; storages freed together in any
+        order)."""
+        made = self.at(batch)
+        return (dataclasses.replace(made, ledger=None) == dataclasses.replace(trace, ledger=None)
+                and made.ledger.records == trace.ledger.records
+                and _in_order(made.ledger.events) == _in_order(trace.ledger.events))
 
 
 def affine_trace(low: int, low_trace: TraceResult, high: int, high_trace: TraceResult
@@ -152,11 +156,13 @@ def _ledger(low: MemoryLedger, high: MemoryLedger, point: _Point, sized: dict) -
         records.append(StorageRecord(one.record_id, nbytes, one.phase, one.iteration,
                                      one.module_path, one.category, one.freed))
     made = MemoryLedger(records=records)
-    for index, (one, other) in enumerate(zip(low.events, high.events), 1):
+    if [(event.record_id, event.optional, event.delta_bytes > 0)
+            for event in _in_order(low.events)] != [
+            (event.record_id, event.optional, event.delta_bytes > 0)
+            for event in _in_order(high.events)]:
+        raise _NotAffine
+    for index, one in enumerate(low.events, 1):
         record_id = one.record_id
-        if (record_id, one.optional, one.delta_bytes > 0) != (
-                other.record_id, other.optional, other.delta_bytes > 0):
-            raise _NotAffine
         delta = 0 if record_id == EMPTY_CACHE_RECORD else records[record_id].nbytes
         event = MemoryEvent(record_id, delta if one.delta_bytes > 0 else -delta, one.optional)
         made.events.append(event)
@@ -164,3 +170,19 @@ def _ledger(low: MemoryLedger, high: MemoryLedger, point: _Point, sized: dict) -
         if made.live_bytes > made.peak_bytes:
             made.peak_bytes, made.peak_event_count = made.live_bytes, index
     return made
+
+
+def _in_order(events: list[MemoryEvent]) -> list[MemoryEvent]:
+    """The events with each run of frees in record order: storages freed together (a
+    graph's saved tensors, a dict of them) go in an order that can differ from trace to
+    trace, and no figure depends on it (the allocator's free blocks end the same)."""
+    ordered: list[MemoryEvent] = []
+    run: list[MemoryEvent] = []
+    for event in events:
+        if event.delta_bytes < 0:
+            run.append(event)
+            continue
+        ordered += sorted(run, key=lambda freed: freed.record_id)
+        run = []
+        ordered.append(event)
+    return ordered + sorted(run, key=lambda freed: freed.record_id)

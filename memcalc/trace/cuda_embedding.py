@@ -21,10 +21,14 @@ direct kernel: no scratch, as on CPU.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from math import prod
+
 import torch
 import torch.nn.functional as F
 
 from memcalc.trace.cuda_kernels import cuda_substitute
+from memcalc.trace.size_rules import sized_by
 
 DIRECT_KERNEL_MAX_INDICES = 3072
 NROWS_PER_THREAD = 10
@@ -41,6 +45,25 @@ def embedding_backward_scratch_shapes(numel: int, num_weights: int, dim: int,
     per_lookup = 4 if scale_grad_by_freq else 3      # sorted, orig, (count), segment offsets
     return [(numel,)] * per_lookup + [(max_segments,)] * 2 + [(max_partial_segment,),
                                                               (max_partial_segment, dim)]
+
+
+@dataclass(frozen=True)
+class EmbeddingScratch:
+    """The bytes of scratch tensor ``index`` of an embedding backward over ``numel`` lookups
+    (its ``min(numel, num_weights)`` and ``numel // 10`` are not affine in the batch)."""
+
+    numel: int
+    num_weights: int
+    dim: int
+    scale_grad_by_freq: bool
+    index: int
+    element_bytes: int
+
+    @property
+    def nbytes(self) -> int:
+        shapes = embedding_backward_scratch_shapes(self.numel, self.num_weights, self.dim,
+                                                   self.scale_grad_by_freq)
+        return prod(shapes[self.index]) * self.element_bytes
 
 
 class _EmbeddingAsOnCuda(torch.autograd.Function):
@@ -61,6 +84,10 @@ class _EmbeddingAsOnCuda(torch.autograd.Function):
                    for shape in shapes[:-1]]
         if shapes:
             scratch.append(torch.empty(shapes[-1], dtype=op_math, device=grad.device))
+        for index, tensor in enumerate(scratch):
+            sized_by(tensor, EmbeddingScratch(indices.numel(), ctx.num_weights, grad.shape[-1],
+                                              ctx.scale_grad_by_freq, index,
+                                              tensor.element_size()))
         grad_weight = torch.ops.aten.embedding_dense_backward(
             grad, indices, ctx.num_weights, ctx.padding_idx, ctx.scale_grad_by_freq)
         del scratch

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ from memcalc.trace.interrupts import DeferredInterrupts
 from memcalc.trace.step import StepBody, TrainingIteration, prime_optimizer_state
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
+from memcalc.trace.size_rules import SizeRule, noting
 from memcalc.trace.workspaces import ConvWorkspaces, WorkspaceSize
 from memcalc.trace.cpu_conv_columns import CpuConvColumns
 from memcalc.specs import GradMode, LossKind
@@ -169,8 +171,9 @@ class TraceResult:
     sequence_parallel_dropped: str = ""
     """Why the rank was traced without the sequence parallelism it asked for ("": it was
     not asked for, or traced with it)."""
-    sized_records: dict[int, WorkspaceSize] = field(default_factory=dict)
-    """Ledger records whose bytes a rule gives (cuDNN workspaces), by record id."""
+    sized_records: dict[int, SizeRule] = field(default_factory=dict)
+    """Ledger records whose bytes a rule gives (cuDNN workspaces, CUDA's embedding backward
+    scratch), by record id."""
 
 
 def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
@@ -266,7 +269,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
         return ledger.allocate(nbytes, cursor.phase, cursor.iteration, cursor.module_path,
                                MemoryCategory.TEMPORARY)
 
-    sized: dict[int, WorkspaceSize] = {}
+    sized: dict[int, SizeRule] = {}
 
     def transient(nbytes: int, size: WorkspaceSize | None = None) -> None:
         if nbytes > 0:
@@ -313,7 +316,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     host.watch(batch.tensors(), counted=False)
     try:
         with (bounded, watcher, legacy, kernels or contextlib.nullcontext(),
-              host if setup.host_tensors else contextlib.nullcontext()):
+              host if setup.host_tensors else contextlib.nullcontext(),
+              noting(partial(_note_rule, watcher, sized))):
             job_model = wrapped(setup.parallel, model, False, mesh) if stages is None else model
             optimizer = job_optimizer(setup.parallel, mesh,
                                       lambda params: setup.optimizer.build(params, setup.foreach),
@@ -347,6 +351,13 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                        tuple(sorted(kernels.target.unmodelled if kernels else
                                     columns.unmodelled if columns else ())),
                        compile_fallbacks=fallbacks(regions), sized_records=sized)
+
+
+def _note_rule(watcher: StorageWatcher, sized: dict[int, SizeRule], tensor: torch.Tensor,
+               rule: SizeRule) -> None:
+    record = watcher.watch(tensor)
+    if record is not None:
+        sized[record.record_id] = rule
 
 
 def _step_context(setup: StepSetup) -> tuple:
