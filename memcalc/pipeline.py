@@ -125,9 +125,10 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
     batch_size = spec.batch_size or (reported_batch(plan, spec, step)
                                      if prepared.device_report(step).method == "traced"
                                      else step)
+    breaks = prepared.line_breaks
     device = prepared.device_report(batch_size, real=True)
     if plan is not None and any(point.method == "line" for point in plan.points) \
-            and prepared.line.dropped:      # the headline's trace is off the plan's line
+            and prepared.line_breaks != breaks:   # the headline's trace is off the plan's line
         plan = batch_plan(prepared, usable, step)
     if batch_search is BatchSearch.BELOW and usable is not None and device.fits is False \
             and device.method == "traced":
