@@ -191,7 +191,7 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            tensor_layout=_tensor_layout(spec, prepared.model,
                                                         device.sequence_parallel_dropped))
         + prepared.line.assumptions([batch for batch in prepared.line_traces
-                                     if batch not in prepared.traces])
+                                     if prepared.from_line(batch)])
         + bounded_size_assumptions(device.bounded_sizes)
         + skipped_workspace_assumptions(device.skipped_workspace_bytes)
         + compiled_assumptions(setup.compile_regions, device.compile_fallbacks)

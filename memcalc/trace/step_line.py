@@ -37,7 +37,7 @@ class StepLine:
             return True
         line, last = self.line, self._last
         self._last = (batch, trace)
-        if line is not None and batch not in (line.low, line.high):
+        if line is not None:
             if line.matches(batch, trace):
                 self.checked_at = self.checked_at or batch
                 return True
@@ -72,7 +72,7 @@ class StepLine:
         return [f"batch{'es' if len(given) > 1 else ''} {batches} not traced: the step there "
                 f"is on the line through the traces at batches {self.line.low}, "
                 f"{self.line.high} and {self.checked_at} (each storage's bytes and each "
-                "kernel's FLOPs a whole number per sample plus a constant, cuDNN workspaces by "
-                "their rule; the third trace matched the line figure for figure), replayed "
-                "through the allocator; a size that changes course between traced batches is "
-                "not seen there"]
+                "kernel's FLOPs a whole number per sample plus a constant, cuDNN workspaces and "
+                "CUDA's embedding scratch by their rules; the third trace matched the line "
+                "figure for figure), replayed through the allocator; a size that changes "
+                "course between traced batches is not seen there"]

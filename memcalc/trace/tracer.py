@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from functools import partial
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from torch import nn
@@ -56,7 +56,7 @@ from memcalc.trace.step import StepBody, TrainingIteration, prime_optimizer_stat
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
 from memcalc.trace.size_rules import SizeRule, noting
-from memcalc.trace.workspaces import ConvWorkspaces, WorkspaceSize
+from memcalc.trace.workspaces import ConvWorkspaces
 from memcalc.trace.cpu_conv_columns import CpuConvColumns
 from memcalc.specs import GradMode, LossKind
 
@@ -271,7 +271,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
 
     sized: dict[int, SizeRule] = {}
 
-    def transient(nbytes: int, size: WorkspaceSize | None = None) -> None:
+    def transient(nbytes: int, size: SizeRule | None = None) -> None:
         if nbytes > 0:
             record = ledger.allocate(nbytes, cursor.phase, cursor.iteration,
                                      cursor.module_path, MemoryCategory.WORKSPACE,
