@@ -10,6 +10,7 @@ import torch
 from memcalc.device.env_profile import resolve_profile
 from memcalc.device.estimate import DeviceTarget, static_device_report, traced_device_report
 from memcalc.device.gpus import find_gpu
+from memcalc.device.replay_memo import ReplayMemo
 from memcalc.device.report import DeviceReport, StaticEstimate
 from memcalc.device.static import static_estimate
 from memcalc.errors import TraceError
@@ -57,6 +58,8 @@ class PreparedStep:
     """The line is used before a trace has checked it (a batch search, checked after)."""
     line_breaks: int = 0
     """Traces found off the line (what it gave was then forgotten)."""
+    replays: ReplayMemo = field(default_factory=ReplayMemo)
+    """The allocator's replays of the traces, for every card and limit asked."""
 
     @property
     def spec(self) -> TrainingSpec:
@@ -189,7 +192,7 @@ class PreparedStep:
         target = target or self.target
         trace = self._trace(batch_size)
         if trace is not None:
-            return traced_device_report(target, batch_size, trace)
+            return traced_device_report(target, batch_size, trace, self.replays)
         return static_device_report(
             target, self.static_at(batch_size), batch_size=batch_size,
             leaf_output_elements=self.leaf_output_elements,

@@ -81,6 +81,8 @@ class AllocatorReplay:
     """Optional requests (workspaces) that did not fit and were left out."""
     skipped_records: frozenset[int] = frozenset()
     """The ledger records of those requests."""
+    limit_reached: bool = False
+    """A segment was refused for the limit (else the replay is the one without a limit)."""
 
     @property
     def fits(self) -> bool:
@@ -98,6 +100,7 @@ class CachingAllocatorModel:
         self.reserved_bytes = self.peak_reserved_bytes = 0
         self.allocated_bytes = self.peak_allocated_bytes = 0
         self.segment_count = 0
+        self.limit_reached = False
 
     def malloc(self, nbytes: int) -> _Block:
         """Allocate ``nbytes``; raise ``OutOfMemory`` when it cannot fit the limit."""
@@ -206,6 +209,7 @@ class CachingAllocatorModel:
 
     def _reserve(self, nbytes: int) -> bool:
         if self.limit_bytes is not None and self.reserved_bytes + nbytes > self.limit_bytes:
+            self.limit_reached = True
             return False
         self.reserved_bytes += nbytes
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
@@ -285,12 +289,25 @@ def least_limit_replay(events: list[MemoryEvent], resident_bytes: list[int],
     does not: what the smallest card that takes the step reserves. ``unlimited`` is the same
     events' replay without a limit: the allocator then keeps every block it cached, so that
     peak is no card's need; under a limit it frees its cache and retries first, as
-    PyTorch's does."""
-    low, high = failed_limit, unlimited.peak_reserved_bytes
-    best = replay(events, resident_bytes, settings, limit_bytes=high)
-    if not best.fits:      # segments split otherwise under a limit: no smaller answer known
-        return unlimited
-    while high - low > max(2 << 20, int(high * LEAST_LIMIT_TOLERANCE)):
+    PyTorch's does.
+
+    The search starts from below: no limit under the requests live at once (each rounded)
+    runs the step, and the least limit is most often within a percent of them, so the
+    probes gallop up from there (doubling their step) and bisect once one runs."""
+    high = unlimited.peak_reserved_bytes
+    low = max(failed_limit, live_request_peak(events, resident_bytes, settings) - 1)
+    best, step = None, _tolerance(high)
+    while best is None and low + step < (low + high) // 2:
+        attempt = replay(events, resident_bytes, settings, limit_bytes=low + step)
+        if attempt.fits:
+            high, best = low + step, attempt
+        else:
+            low, step = low + step, step * 2
+    if best is None:
+        best = replay(events, resident_bytes, settings, limit_bytes=high)
+        if not best.fits:  # segments split otherwise under a limit: no smaller answer known
+            return unlimited
+    while high - low > _tolerance(high):
         middle = (low + high) // 2
         attempt = replay(events, resident_bytes, settings, limit_bytes=middle)
         if attempt.fits:
@@ -300,8 +317,28 @@ def least_limit_replay(events: list[MemoryEvent], resident_bytes: list[int],
     return best
 
 
+def _tolerance(limit: int) -> int:
+    return max(2 << 20, int(limit * LEAST_LIMIT_TOLERANCE))
+
+
+def live_request_peak(events: Iterable[MemoryEvent], resident_bytes: Iterable[int],
+                      settings: AllocatorSettings) -> int:
+    """The most bytes requested at once, each request rounded as the allocator rounds it
+    (optional ones left out: they give way): no limit below it runs the step."""
+    live = sum(settings.round_size(nbytes) for nbytes in resident_bytes)
+    peak, sizes = live, {}
+    for event in events:
+        if event.delta_bytes > 0 and not event.optional and event.record_id != EMPTY_CACHE_RECORD:
+            sizes[event.record_id] = size = settings.round_size(event.delta_bytes)
+            live += size
+            peak = max(peak, live)
+        elif event.delta_bytes < 0 and event.record_id in sizes:
+            live -= sizes.pop(event.record_id)
+    return peak
+
+
 def _result(allocator: CachingAllocatorModel, oom_event: int | None,
             skipped: dict[int, int]) -> AllocatorReplay:
     return AllocatorReplay(allocator.peak_reserved_bytes, allocator.peak_allocated_bytes,
                            allocator.segment_count, oom_event, sum(skipped.values()),
-                           frozenset(skipped))
+                           frozenset(skipped), allocator.limit_reached)

@@ -6,11 +6,11 @@ from dataclasses import dataclass
 
 import torch
 
-from memcalc.device.allocator import least_limit_replay, replay
 from memcalc.device.allocator_settings import AllocatorSettings
 from memcalc.device.cuda_overheads import context_bytes, job_nccl_bytes, workspace_allocations
 from memcalc.device.env_profile import EnvProfile
 from memcalc.device.gpus import GpuSpec
+from memcalc.device.replay_memo import ReplayMemo
 from memcalc.device.report import (
     BoundedSize,
     Breakdown,
@@ -51,12 +51,14 @@ class DeviceTarget:
         return None if self.capacity_bytes is None else self.capacity_bytes - self.headroom_bytes
 
 
-def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult
-                         ) -> DeviceReport:
+def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult,
+                         replays: ReplayMemo | None = None) -> DeviceReport:
     """Breakdown at the traced peak; on CUDA also reserved memory, workspaces and context,
     and with a capacity whether the step runs in capacity minus headroom; where it does not
     run (or with no capacity), the least memory it runs in (which also steers the batch
-    search near the capacity)."""
+    search near the capacity). ``replays``: the step's replays made so far (for other cards,
+    other batches' searches), each made once."""
+    replays = replays or ReplayMemo()
     spec, gpu, profile, usable_bytes = target.spec, target.gpu, target.profile, target.usable_bytes
     ledger = trace.ledger
     cuda_fields = {}
@@ -70,8 +72,8 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         limited = None
         if usable_bytes is not None:
             outside = context + profile.driver_reserved_bytes
-            limited = replay(ledger.events, workspaces, settings,
-                             limit_bytes=max(0, usable_bytes - outside))
+            limited = replays.at_limit(ledger.events, workspaces, settings,
+                                       max(0, usable_bytes - outside))
         # Where the limit is reached, the allocator frees its cache and retries: what the
         # card then holds is the limited replay's peak; when the step does not run in it, the
         # least limit it runs in (the smallest card's need); without a limit, the peak it
@@ -79,10 +81,10 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         runs = limited.fits if limited is not None else None
         reserved, least = limited, None
         if not runs:
-            unlimited = replay(ledger.events, workspaces, settings)
             failed = 0 if limited is None else max(0, usable_bytes - outside)
-            least = least_limit_replay(ledger.events, workspaces, settings, failed, unlimited)
-            reserved = least if limited is not None else unlimited
+            least = replays.least(ledger.events, workspaces, settings, failed)
+            reserved = least if limited is not None else replays.at_limit(
+                ledger.events, workspaces, settings, None)
         cuda_fields = dict(
             peak_reserved_bytes=reserved.peak_reserved_bytes,
             least_reserved_bytes=(least.peak_reserved_bytes

@@ -142,34 +142,46 @@ def _trace(low: TraceResult, high: TraceResult, point: _Point) -> TraceResult:
 def _ledger(low: MemoryLedger, high: MemoryLedger, point: _Point, sized: dict) -> MemoryLedger:
     """The ledger on the line: the same records in the same roles, each one's bytes on the
     line (or its rule's at the batch), its events the same allocations and frees of them;
-    its running totals (where the peak was: an event's index, not a size) recomputed."""
-    if len(low.records) != len(high.records) or len(low.events) != len(high.events):
-        raise _NotAffine
+    its running totals (where the peak was: an event's index, not a size) recomputed. The
+    records' roles and the events' order are checked once, when the line is drawn."""
+    if point.batch is None:
+        _check_same_steps(low, high)
     records = []
     for one, other in zip(low.records, high.records):
-        if (one.phase, one.iteration, one.module_path, one.category, one.freed) != (
-                other.phase, other.iteration, other.module_path, other.category, other.freed):
-            raise _NotAffine
         rule = sized.get(one.record_id)
         nbytes = (one.nbytes if point.batch is None else rule.nbytes) if rule is not None \
             else point.integer(one.nbytes, other.nbytes)
         records.append(StorageRecord(one.record_id, nbytes, one.phase, one.iteration,
                                      one.module_path, one.category, one.freed))
     made = MemoryLedger(records=records)
+    events, live, peak, peak_index = made.events, 0, made.peak_bytes, made.peak_event_count
+    for index, one in enumerate(low.events, 1):
+        record_id = one.record_id
+        delta = 0 if record_id == EMPTY_CACHE_RECORD else records[record_id].nbytes
+        if one.delta_bytes <= 0:
+            delta = -delta
+        events.append(MemoryEvent(record_id, delta, one.optional))
+        live += delta
+        if live > peak:
+            peak, peak_index = live, index
+    made.live_bytes, made.peak_bytes, made.peak_event_count = live, peak, peak_index
+    return made
+
+
+def _check_same_steps(low: MemoryLedger, high: MemoryLedger) -> None:
+    """The same storages in the same roles, allocated and freed in the same order (storages
+    freed together in any order)."""
+    if len(low.records) != len(high.records) or len(low.events) != len(high.events):
+        raise _NotAffine
+    for one, other in zip(low.records, high.records):
+        if (one.phase, one.iteration, one.module_path, one.category, one.freed) != (
+                other.phase, other.iteration, other.module_path, other.category, other.freed):
+            raise _NotAffine
     if [(event.record_id, event.optional, event.delta_bytes > 0)
             for event in _in_order(low.events)] != [
             (event.record_id, event.optional, event.delta_bytes > 0)
             for event in _in_order(high.events)]:
         raise _NotAffine
-    for index, one in enumerate(low.events, 1):
-        record_id = one.record_id
-        delta = 0 if record_id == EMPTY_CACHE_RECORD else records[record_id].nbytes
-        event = MemoryEvent(record_id, delta if one.delta_bytes > 0 else -delta, one.optional)
-        made.events.append(event)
-        made.live_bytes += event.delta_bytes
-        if made.live_bytes > made.peak_bytes:
-            made.peak_bytes, made.peak_event_count = made.live_bytes, index
-    return made
 
 
 def _in_order(events: list[MemoryEvent]) -> list[MemoryEvent]:
