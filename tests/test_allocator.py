@@ -172,50 +172,6 @@ def test_expandable_segments_grow_one_segment_in_20_mib_pages():
     assert plain.peak_reserved_bytes == 60 * MiB and plain.segment_count == 2
 
 
-def test_the_least_limit_a_step_runs_in_is_its_need_not_the_unlimited_peak():
-    from memcalc.device.allocator import LEAST_LIMIT_TOLERANCE, least_limit_replay
-
-    # 60 MiB cached, then 70 MiB: 130 MiB without a limit, but a 70 MiB card runs it (the
-    # cache freed and retried), and a 40 MiB one does not
-    events = _events((0, 60 * MiB), (0, -60 * MiB), (1, 70 * MiB))
-    settings = AllocatorSettings()
-    least = least_limit_replay(events, [], settings, failed_limit=40 * MiB,
-                               unlimited=replay(events))
-    assert least.fits
-    slack = max(2 * MiB, 130 * MiB * LEAST_LIMIT_TOLERANCE)
-    assert 70 * MiB <= least.peak_reserved_bytes <= 70 * MiB + slack
-    assert not replay(events, limit_bytes=least.peak_reserved_bytes - 2 * MiB - 1).fits
-
-
-def test_no_limit_below_the_requests_live_at_once_runs_the_step():
-    from memcalc.device.allocator import live_request_peak
-
-    # 12 and 16 MiB live together (14 MiB freed between them, a workspace that may give way
-    # and 700 B rounded to 512 B steps beside them): a segment each, none shared
-    events = _events((0, 12 * MiB), (1, 14 * MiB), (1, -14 * MiB), (2, 16 * MiB),
-                     (4, 700), (4, -700), (3, 64 * MiB), optional=(3,))
-    settings = AllocatorSettings()
-    peak = live_request_peak(events, [], settings)
-    assert peak == 28 * MiB + 1024
-    assert replay(events, limit_bytes=30 * MiB).fits
-    assert not replay(events, limit_bytes=peak - 1).fits
-
-
-def test_the_least_limit_search_starts_from_the_live_requests(monkeypatch):
-    from memcalc.device import allocator
-
-    # a step whose least limit is its live requests, far below its unlimited peak: the old
-    # bisection from the failed limit up took six replays for it
-    events = _events((0, 60 * MiB), (0, -60 * MiB), (1, 70 * MiB))
-    made = []
-    real_replay = allocator.replay
-    monkeypatch.setattr(allocator, "replay",
-                        lambda *args, **kwargs: made.append(1) or real_replay(*args, **kwargs))
-    least = allocator.least_limit_replay(events, [], AllocatorSettings(), 0, real_replay(events))
-    assert least.fits and 70 * MiB <= least.peak_reserved_bytes <= 72 * MiB
-    assert len(made) <= 2
-
-
 def test_a_replay_says_whether_it_reached_its_limit():
     events = _events((0, 60 * MiB), (0, -60 * MiB), (1, 70 * MiB))
     assert not replay(events).limit_reached

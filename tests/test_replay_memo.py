@@ -1,7 +1,8 @@
 """Each replay of a step made once: the memo's answers are the replays themselves."""
 
 from memcalc.device import replay_memo
-from memcalc.device.allocator import LEAST_LIMIT_TOLERANCE, least_limit_replay, replay
+from memcalc.device.allocator import replay
+from memcalc.device.least_limit import LEAST_LIMIT_TOLERANCE, least_limit_replay
 from memcalc.device.allocator_settings import AllocatorSettings
 from memcalc.device.replay_memo import ReplayMemo
 from memcalc.trace.ledger import MemoryEvent

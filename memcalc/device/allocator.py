@@ -278,65 +278,6 @@ def replay(events: Iterable[MemoryEvent], resident_bytes: Iterable[int] = (),
     return _result(allocator, oom_event=None, skipped=skipped)
 
 
-LEAST_LIMIT_TOLERANCE = 0.005
-"""The least limit a step runs in is searched to this share of it (or 2 MiB)."""
-
-
-def least_limit_replay(events: list[MemoryEvent], resident_bytes: list[int],
-                       settings: AllocatorSettings, failed_limit: int,
-                       unlimited: AllocatorReplay) -> AllocatorReplay:
-    """The replay at about the least limit the step runs in, above ``failed_limit`` where it
-    does not: what the smallest card that takes the step reserves. ``unlimited`` is the same
-    events' replay without a limit: the allocator then keeps every block it cached, so that
-    peak is no card's need; under a limit it frees its cache and retries first, as
-    PyTorch's does.
-
-    The search starts from below: no limit under the requests live at once (each rounded)
-    runs the step, and the least limit is most often within a percent of them, so the
-    probes gallop up from there (doubling their step) and bisect once one runs."""
-    high = unlimited.peak_reserved_bytes
-    low = max(failed_limit, live_request_peak(events, resident_bytes, settings) - 1)
-    best, step = None, _tolerance(high)
-    while best is None and low + step < (low + high) // 2:
-        attempt = replay(events, resident_bytes, settings, limit_bytes=low + step)
-        if attempt.fits:
-            high, best = low + step, attempt
-        else:
-            low, step = low + step, step * 2
-    if best is None:
-        best = replay(events, resident_bytes, settings, limit_bytes=high)
-        if not best.fits:  # segments split otherwise under a limit: no smaller answer known
-            return unlimited
-    while high - low > _tolerance(high):
-        middle = (low + high) // 2
-        attempt = replay(events, resident_bytes, settings, limit_bytes=middle)
-        if attempt.fits:
-            high, best = middle, attempt
-        else:
-            low = middle
-    return best
-
-
-def _tolerance(limit: int) -> int:
-    return max(2 << 20, int(limit * LEAST_LIMIT_TOLERANCE))
-
-
-def live_request_peak(events: Iterable[MemoryEvent], resident_bytes: Iterable[int],
-                      settings: AllocatorSettings) -> int:
-    """The most bytes requested at once, each request rounded as the allocator rounds it
-    (optional ones left out: they give way): no limit below it runs the step."""
-    live = sum(settings.round_size(nbytes) for nbytes in resident_bytes)
-    peak, sizes = live, {}
-    for event in events:
-        if event.delta_bytes > 0 and not event.optional and event.record_id != EMPTY_CACHE_RECORD:
-            sizes[event.record_id] = size = settings.round_size(event.delta_bytes)
-            live += size
-            peak = max(peak, live)
-        elif event.delta_bytes < 0 and event.record_id in sizes:
-            live -= sizes.pop(event.record_id)
-    return peak
-
-
 def _result(allocator: CachingAllocatorModel, oom_event: int | None,
             skipped: dict[int, int]) -> AllocatorReplay:
     return AllocatorReplay(allocator.peak_reserved_bytes, allocator.peak_allocated_bytes,

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from memcalc.device.allocator import AllocatorReplay, least_limit_replay, replay
+from memcalc.device.allocator import AllocatorReplay, replay
+from memcalc.device.least_limit import least_limit_replay
 from memcalc.device.allocator_settings import AllocatorSettings
 from memcalc.trace.ledger import MemoryEvent
 
