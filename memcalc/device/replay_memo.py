@@ -7,8 +7,9 @@ is; the least limit the step runs in is the same for every card it does not fit.
 fits and the batch searches ask for one step on many cards: this keeps them from replaying
 it again for each (milliseconds each, hundreds of them).
 
-Known limitations: the least limit is searched to ``LEAST_LIMIT_TOLERANCE``; a card whose
-own search would have started higher can get an answer up to that much below its own.
+Known limitations: a least limit found once is taken for every limit below it. Where whether
+a limit runs the step does not grow with the limit (``memcalc.device.least_limit``), a
+search from a card's own failed limit could have ended elsewhere.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memcalc.device.allocator import AllocatorReplay, replay
-from memcalc.device.least_limit import least_limit_replay
 from memcalc.device.allocator_settings import AllocatorSettings
+from memcalc.device.least_limit import least_limit_replay
 from memcalc.trace.ledger import MemoryEvent
 
 
