@@ -94,3 +94,20 @@ def test_cuda_embedding_scratch_is_sized_by_its_rule_past_the_vocabulary():
     line = affine_trace(61, traces[61], 71, traces[71])
     assert any(traces[91].sized_records.values())
     assert line is not None and line.matches(91, traces[91])  # 64 × 91 lookups > 5000 words
+
+
+def test_an_lm_below_the_direct_kernel_threshold_is_on_the_line_above_it():
+    """64 tokens a sample: batches 1–48 take CUDA's direct embedding kernel (≤ 3,072 lookups,
+    no scratch), larger ones its sort path. The empty scratch records hold their place, so
+    the line through batches 1 and 60 is each real trace, on either side of the threshold."""
+    spec = training_spec("gpt2", (64,), gpu="A100-80GB",
+                         model_args={"depth": 1, "dim": 64, "heads": 2, "vocab": 5000})
+    prepared = _prepare(spec, None)
+    traces = {batch: prepared._trace(batch, real=True) for batch in (1, 60, 48, 49)}
+    line = affine_trace(1, traces[1], 60, traces[60])
+    assert line is not None
+    empty = [traces[48].ledger.records[key].nbytes for key in traces[48].sized_records]
+    assert empty and not any(empty)                  # 48 × 64 = 3,072 lookups: direct kernel
+    # the token embedding sorts 49 × 64 lookups; the position embedding's 64 stay direct
+    assert any(traces[49].ledger.records[key].nbytes for key in traces[49].sized_records)
+    assert line.matches(48, traces[48]) and line.matches(49, traces[49])

@@ -44,3 +44,12 @@ def test_a_ledger_without_skipped_workspaces_has_the_peak_a_replay_at_capacity_s
     at_peak = kept.bytes_by_category_at_peak()
     assert at_peak[C.WORKSPACE] == 0 and sum(at_peak.values()) == 210
     assert ledger.without(frozenset()) is ledger and ledger.peak_bytes == 230
+
+
+def test_an_empty_records_free_is_a_free():
+    ledger = MemoryLedger()
+    record = ledger.allocate(0, Phase.BACKWARD, 1, "embedding", C.TEMPORARY)
+    ledger.free(record)
+    allocated, freed = ledger.events
+    assert not allocated.is_free and freed.is_free
+    assert ledger.peak_bytes == 0 and ledger.records_live_at_peak() == []

@@ -230,7 +230,8 @@ class StorageWatcher(TorchDispatchMode):
     """Reports every storage the first time it appears as an op output, and its death.
 
     ``on_new(storage)`` is called once per storage; ``on_free(token)`` when the storage is
-    garbage collected, with the token ``on_new`` returned.
+    garbage collected, with the token ``on_new`` returned. ``on_new(storage, True)`` is asked
+    for a token of an empty storage that ``watch`` is told to count (``empty_too``).
     """
 
     def __init__(self, on_new: Callable[[torch.UntypedStorage], object],
@@ -241,15 +242,19 @@ class StorageWatcher(TorchDispatchMode):
         self._refs: list[weakref.ref] = []
         self.op_names: set[str] = set()
 
-    def watch(self, tensor: torch.Tensor) -> object | None:
-        """Start tracking ``tensor``'s storage if new; return its token (None if empty or
-        not the device's: a ``meta`` tensor is the host's, ``memcalc.trace.host_tensors``)."""
+    def watch(self, tensor: torch.Tensor, empty_too: bool = False) -> object | None:
+        """Start tracking ``tensor``'s storage if new; return its token (None if not the
+        device's: a ``meta`` tensor is the host's, ``memcalc.trace.host_tensors``; or if empty,
+        unless ``empty_too``: then ``on_new(storage, True)`` gives an empty storage a token)."""
         if tensor.device.type == "meta":
             return None
         storage = tensor.untyped_storage()
         if storage in self._known:
-            return self._known[storage][0]
-        holder = [self._on_new(storage)]
+            holder = self._known[storage]
+            if holder[0] is None and empty_too and storage.nbytes() == 0:
+                holder[0] = self._on_new(storage, True)
+            return holder[0]
+        holder = [self._on_new(storage, True) if empty_too else self._on_new(storage)]
         self._known[storage] = holder
         self._refs.append(weakref.ref(storage, lambda _ref, holder=holder: self._died(holder)))
         return holder[0]

@@ -158,9 +158,9 @@ def _ledger(low: MemoryLedger, high: MemoryLedger, point: _Point, sized: dict) -
     for index, one in enumerate(low.events, 1):
         record_id = one.record_id
         delta = 0 if record_id == EMPTY_CACHE_RECORD else records[record_id].nbytes
-        if one.delta_bytes <= 0:
+        if one.is_free:
             delta = -delta
-        events.append(MemoryEvent(record_id, delta, one.optional))
+        events.append(MemoryEvent(record_id, delta, one.optional, one.freeing))
         live += delta
         if live > peak:
             peak, peak_index = live, index
@@ -177,9 +177,9 @@ def _check_same_steps(low: MemoryLedger, high: MemoryLedger) -> None:
         if (one.phase, one.iteration, one.module_path, one.category, one.freed) != (
                 other.phase, other.iteration, other.module_path, other.category, other.freed):
             raise _NotAffine
-    if [(event.record_id, event.optional, event.delta_bytes > 0)
+    if [(event.record_id, event.optional, event.is_free)
             for event in _in_order(low.events)] != [
-            (event.record_id, event.optional, event.delta_bytes > 0)
+            (event.record_id, event.optional, event.is_free)
             for event in _in_order(high.events)]:
         raise _NotAffine
 
@@ -191,7 +191,7 @@ def _in_order(events: list[MemoryEvent]) -> list[MemoryEvent]:
     ordered: list[MemoryEvent] = []
     run: list[MemoryEvent] = []
     for event in events:
-        if event.delta_bytes < 0:
+        if event.is_free:
             run.append(event)
             continue
         ordered += sorted(run, key=lambda freed: freed.record_id)

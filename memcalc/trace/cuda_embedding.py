@@ -16,7 +16,10 @@ Alive together with the ``num_weights x dim`` gradient it returns:
 CPU's kernel accumulates straight into the gradient. The rewrite keeps CUDA's scratch alive
 while the gradient is made, so the backward's peak is CUDA's. CUB's radix-sort workspace (a
 few bytes per index) is not modelled. Fewer lookups without ``scale_grad_by_freq`` take the
-direct kernel: no scratch, as on CPU.
+direct kernel: no scratch, as on CPU. The trace still makes the scratch's tensors there,
+empty (their records hold 0 bytes by the same rule), so that a step below the threshold
+makes the same storages as one above it and both lie on one batch line
+(``memcalc.trace.affine_trace``: an LM's batch 1 of 2,048 tokens beside its batch 8).
 """
 
 from __future__ import annotations
@@ -37,14 +40,21 @@ _ORIGINAL_EMBEDDING = F.embedding
 
 def embedding_backward_scratch_shapes(numel: int, num_weights: int, dim: int,
                                       scale_grad_by_freq: bool) -> list[tuple[int, ...]]:
-    """Shapes of the index tensors (int64) and, last, the per-segment gradient CUDA keeps."""
-    if numel <= DIRECT_KERNEL_MAX_INDICES and not scale_grad_by_freq:
-        return []
+    """Shapes of the index tensors (int64) and, last, the per-segment gradient CUDA keeps
+    (empty where the direct kernel runs)."""
+    if sort_path_skipped(numel, scale_grad_by_freq):
+        return [(0,)] * len(embedding_backward_scratch_shapes(
+            DIRECT_KERNEL_MAX_INDICES + 1, 1, dim, scale_grad_by_freq))
     max_segments = min(numel, num_weights)
     max_partial_segment = numel // NROWS_PER_THREAD + max_segments
     per_lookup = 4 if scale_grad_by_freq else 3      # sorted, orig, (count), segment offsets
     return [(numel,)] * per_lookup + [(max_segments,)] * 2 + [(max_partial_segment,),
                                                               (max_partial_segment, dim)]
+
+
+def sort_path_skipped(numel: int, scale_grad_by_freq: bool) -> bool:
+    """CUDA's direct kernel runs: no scratch."""
+    return numel <= DIRECT_KERNEL_MAX_INDICES and not scale_grad_by_freq
 
 
 @dataclass(frozen=True)
@@ -82,8 +92,7 @@ class _EmbeddingAsOnCuda(torch.autograd.Function):
         op_math = torch.float32 if grad.dtype in (torch.float16, torch.bfloat16) else grad.dtype
         scratch = [torch.empty(shape, dtype=torch.int64, device=grad.device)
                    for shape in shapes[:-1]]
-        if shapes:
-            scratch.append(torch.empty(shapes[-1], dtype=op_math, device=grad.device))
+        scratch.append(torch.empty(shapes[-1], dtype=op_math, device=grad.device))
         for index, tensor in enumerate(scratch):
             sized_by(tensor, EmbeddingScratch(indices.numel(), ctx.num_weights, grad.shape[-1],
                                               ctx.scale_grad_by_freq, index,

@@ -62,11 +62,18 @@ does after each plan search)."""
 @dataclass(frozen=True)
 class MemoryEvent:
     """``delta_bytes`` > 0: the record was allocated; < 0: it was freed. ``optional``
-    allocations may be left out when memory is short (a cuDNN workspace)."""
+    allocations may be left out when memory is short (a cuDNN workspace). ``freeing`` says
+    which of the two an empty record's event (0 bytes) is: a size rule's place held at a
+    batch where it is empty (``memcalc.trace.cuda_embedding``)."""
 
     record_id: int
     delta_bytes: int
     optional: bool = False
+    freeing: bool = False
+
+    @property
+    def is_free(self) -> bool:
+        return self.freeing or self.delta_bytes < 0
 
 
 @dataclass
@@ -92,7 +99,7 @@ class MemoryLedger:
 
     def free(self, record: StorageRecord) -> None:
         record.freed = True
-        self.events.append(MemoryEvent(record.record_id, -record.nbytes))
+        self.events.append(MemoryEvent(record.record_id, -record.nbytes, freeing=True))
         self.live_bytes -= record.nbytes
 
     def empty_cache(self) -> None:

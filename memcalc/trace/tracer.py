@@ -262,9 +262,9 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
            safe_point: Callable[[], None]) -> TraceResult:
     ledger, cursor = MemoryLedger(), Cursor(safe_point)
 
-    def on_new(storage: torch.UntypedStorage) -> StorageRecord | None:
+    def on_new(storage: torch.UntypedStorage, empty_too: bool = False) -> StorageRecord | None:
         nbytes = storage.nbytes()
-        if nbytes == 0:
+        if nbytes == 0 and not empty_too:
             return None
         return ledger.allocate(nbytes, cursor.phase, cursor.iteration, cursor.module_path,
                                MemoryCategory.TEMPORARY)
@@ -355,7 +355,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
 
 def _note_rule(watcher: StorageWatcher, sized: dict[int, SizeRule], tensor: torch.Tensor,
                rule: SizeRule) -> None:
-    record = watcher.watch(tensor)
+    record = watcher.watch(tensor, empty_too=True)   # a rule's empty storage holds its place
     if record is not None:
         sized[record.record_id] = rule
 
