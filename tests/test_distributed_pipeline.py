@@ -175,5 +175,47 @@ def test_every_stage_has_its_own_line_and_the_largest_stage_changes_with_the_bat
     predicted = [a + (b - a) / (high - low) * (10 * high - low)
                  for a, b in zip(at[low], at[high])]
     assert at[10 * high] == pytest.approx(predicted, rel=0.005)
-    largest = [max(range(4), key=peaks.__getitem__) for peaks in at.values()]
-    assert largest[0] == largest[1] == 0 and largest[2] in (1, 2)
+    # stages 0, 1 and 3 traced (stage 2 is made like stage 1, with one microbatch fewer)
+    largest = [max(range(len(peaks)), key=peaks.__getitem__) for peaks in at.values()]
+    assert largest[0] == largest[1] == 0 and largest[2] == 1
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_middle_stage_like_the_one_before_is_not_traced_and_holds_no_more(schedule):
+    """Four stages of one block each: stage 2 is made like stage 1, holds as many (GPipe) or
+    one fewer (1F1B) microbatches in flight, so only stages 0, 1 and 3 are traced. Every
+    stage traced for real: stage 2's peak is at most stage 1's, at two batches, and the
+    rank's figure is the largest of all four."""
+    from dataclasses import replace
+
+    from memcalc.distributed.parallelize import stage_rank
+    from memcalc.pipeline import _prepare
+    from memcalc.trace.rank import traced_ranks
+    from memcalc.trace.tracer import _traced, _traced_rank
+
+    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=4, pp_schedule=schedule)
+    spec = TrainingSpec(model="llama_7b", model_args=DEEP_LLAMA, sample_shape=(SEQUENCE,),
+                        device="cpu", input_dtype="int64", parallel=parallel)
+    prepared = _prepare(spec, None)
+    assert traced_ranks(parallel, prepared.setup.build_meta_model) == [
+        stage_rank(parallel, stage) for stage in (0, 1, 3)]
+    for batch in parallel.line_batches:
+        setup = replace(prepared.setup, batch_shape=(batch, SEQUENCE))
+        peaks = [_traced_rank(setup, False, stage_rank(parallel, stage)).ledger.peak_bytes
+                 for stage in range(4)]
+        assert peaks[2] <= peaks[1]
+        assert _traced(setup, False).ledger.peak_bytes == max(peaks)
+
+
+def test_stages_whose_blocks_are_checkpointed_differently_are_all_traced():
+    from memcalc.distributed.parallelize import stage_rank
+    from memcalc.trace.rank import traced_ranks
+
+    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=4)
+    every = [stage_rank(parallel, stage) for stage in range(4)]
+    assert traced_ranks(parallel, _llama, ("blocks.1",)) == every  # stage 1's, not stage 2's
+    assert traced_ranks(parallel, _llama, ("blocks.1", "blocks.2")) != every
+    assert traced_ranks(parallel, _llama, plain=False) == every
+    interleaved = ParallelSpec(strategy="pipeline", gpus_per_node=4,
+                               pp_schedule="interleaved-1f1b")
+    assert len(traced_ranks(interleaved, _llama)) == 4

@@ -17,6 +17,8 @@ directly on a module on the way to the blocks stay in every stage.
 from __future__ import annotations
 
 import copy
+import itertools
+import re
 
 from torch import nn
 
@@ -68,6 +70,32 @@ def pipeline_stages(model: nn.Module, blocks: list[str], stages: int) -> list[nn
              for index, owned in enumerate(split_points(len(blocks), stages))]
     _untied(split)
     return split
+
+
+_IDENTITY_SETTING = re.compile(r"(^|_)(idx|index|id|name)$")
+"""A module's setting that names it rather than shapes what it does (a layer's index)."""
+
+
+def stage_signature(stage: nn.Module) -> tuple:
+    """What a stage is made of, module by module in order: its class, its own parameters'
+    and buffers' shapes and dtypes, and its plain settings (numbers, strings, flags; not a
+    layer's index or name). Two stages alike run the same layers with the same states."""
+    return tuple(_module_signature(module) for module in stage.modules())
+
+
+def _module_signature(module: nn.Module) -> tuple:
+    tensors = tuple((name, tuple(tensor.shape), tensor.dtype) for name, tensor in itertools.chain(
+        module.named_parameters(recurse=False), module.named_buffers(recurse=False)))
+    settings = tuple(sorted((key, value) for key, value in vars(module).items()
+                            if not key.startswith("_") and not _IDENTITY_SETTING.search(key)
+                            and _plain(value)))
+    return type(module), tensors, settings
+
+
+def _plain(value) -> bool:
+    if isinstance(value, tuple):
+        return all(_plain(item) for item in value)
+    return isinstance(value, (int, float, str, bool, type(None)))
 
 
 def note_passthroughs(stage: nn.Module) -> None:

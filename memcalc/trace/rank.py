@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from memcalc.distributed.parallelize import job_mesh, parallelize, stage_rank
-from memcalc.distributed.pipeline_split import pipeline_stages
+from memcalc.distributed.pipeline_split import pipeline_stages, split_points, stage_signature
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.errors import TraceError
 from memcalc.model.inputs import ModelCall, ModelInputs, make_call
@@ -25,12 +25,37 @@ from memcalc.trace.pipeline_step import (PipelineIteration, StageShapes, build_s
                                          check_microbatches, microbatch_count, stage_shapes)
 
 
-def traced_ranks(parallel: ParallelSpec | None) -> list[int]:
+def traced_ranks(parallel: ParallelSpec | None, build_meta_model: Callable[[], nn.Module],
+                 checkpointed: tuple[str, ...] = (), plain: bool = True) -> list[int]:
     """The ranks whose step is traced: rank 0, and the first rank of every other pipeline
-    stage (their stages hold different layers and microbatches in flight)."""
+    stage (their stages hold different layers and microbatches in flight), except a middle
+    stage made like the one before it (``stage_signature``, the same blocks checkpointed):
+    under GPipe it holds as many microbatches in flight, under 1F1B one fewer, and it
+    receives and sends the same buffers, so its peak is at most that one's. Every stage is
+    traced under the interleaved schedule (a rank's two stages), and unless ``plain`` (no
+    compiled regions, no spatial split)."""
     if parallel is None or parallel.pp == 1:
         return [0]
-    return [stage_rank(parallel, stage) for stage in range(parallel.pp)]
+    return [stage_rank(parallel, stage)
+            for stage in _stages_to_trace(parallel, build_meta_model, checkpointed, plain)]
+
+
+def _stages_to_trace(parallel: ParallelSpec, build_meta_model: Callable[[], nn.Module],
+                     checkpointed: tuple[str, ...], plain: bool) -> list[int]:
+    every = list(range(parallel.pp))
+    if parallel.stages_per_rank > 1 or parallel.pp < 4 or not plain:
+        return every
+    try:
+        model = build_meta_model()
+        blocks = repeated_blocks(model)
+        stages = pipeline_stages(model, blocks, parallel.stages)
+    except Exception:      # the user's model: its trace says why it does not split
+        return every
+    marked = set(checkpointed)
+    signatures = [(stage_signature(stage), tuple(blocks[index] in marked for index in owned))
+                  for stage, owned in zip(stages, split_points(len(blocks), parallel.stages))]
+    return [stage for stage in every if stage <= 1 or stage == parallel.pp - 1
+            or signatures[stage] != signatures[stage - 1]]
 
 
 @contextlib.contextmanager

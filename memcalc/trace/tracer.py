@@ -216,8 +216,11 @@ FAILED_IN_STEP = "the model failed in the traced step: "
 
 
 def _traced(setup: StepSetup, replay: bool) -> TraceResult:
-    """The step of the job's rank (of each pipeline stage's first rank, the largest kept)."""
-    results = [_traced_rank(setup, replay, rank) for rank in traced_ranks(setup.parallel)]
+    """The step of the job's rank (of each pipeline stage's first rank, the largest kept;
+    ``traced_ranks`` says which stages)."""
+    ranks = traced_ranks(setup.parallel, setup.build_meta_model, setup.checkpoint_blocks,
+                         plain=not setup.compile_regions and setup.halo_axis is None)
+    results = [_traced_rank(setup, replay, rank) for rank in ranks]
     largest = max(results, key=lambda result: result.ledger.peak_bytes)
     if len(results) == 1:
         return largest
