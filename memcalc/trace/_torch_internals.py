@@ -28,8 +28,9 @@ Used here (checked against torch 2.3 – 2.14):
 - ``TorchDispatchMode._should_skip_dynamo`` (torch 2.13 calls it when a mode class is
   made; older versions ignore it): the modes here return False, so torch does not wrap
   their ``__torch_dispatch__`` in ``torch._dynamo.disable`` (a small LLaMA's trace makes 8 %
-  fewer Python calls without it). They call no compiled code, and torch skips compiling while a dispatch mode
-  is on the stack anyway (``torch._dynamo.config.inline_torch_dispatch_torch_compile``).
+  fewer Python calls without it). They call no compiled code, and torch skips compiling
+  while a dispatch mode is on the stack anyway
+  (``torch._dynamo.config.inline_torch_dispatch_torch_compile``).
 - ``torch.UntypedStorage.resize_`` is not an ATen op (no dispatch mode sees it): FSDP2 frees
   and re-allocates its unsharded parameters with it (``_fsdp_param.alloc_storage``), so the
   watcher wraps it while it is active, as ``torch.distributed._tools.mem_tracker`` does.
