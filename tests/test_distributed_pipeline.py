@@ -180,12 +180,9 @@ def test_every_stage_has_its_own_line_and_the_largest_stage_changes_with_the_bat
     assert largest[0] == largest[1] == 0 and largest[2] == 1
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_a_middle_stage_like_the_one_before_is_not_traced_and_holds_no_more(schedule):
-    """Four stages of one block each: stage 2 is made like stage 1, holds as many (GPipe) or
-    one fewer (1F1B) microbatches in flight, so only stages 0, 1 and 3 are traced. Every
-    stage traced for real: stage 2's peak is at most stage 1's, at two batches, and the
-    rank's figure is the largest of all four."""
+def _every_stage_traced(parallel: ParallelSpec, args: dict, checkpointing: str | None):
+    """Which stages ``traced_ranks`` keeps, and for each traced batch every stage's peak
+    traced for real beside the rank's reported peak."""
     from dataclasses import replace
 
     from memcalc.distributed.parallelize import stage_rank
@@ -193,18 +190,44 @@ def test_a_middle_stage_like_the_one_before_is_not_traced_and_holds_no_more(sche
     from memcalc.trace.rank import traced_ranks
     from memcalc.trace.tracer import _traced, _traced_rank
 
-    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=4, pp_schedule=schedule)
-    spec = TrainingSpec(model="llama_7b", model_args=DEEP_LLAMA, sample_shape=(SEQUENCE,),
-                        device="cpu", input_dtype="int64", parallel=parallel)
-    prepared = _prepare(spec, None)
-    assert traced_ranks(parallel, prepared.setup.build_meta_model) == [
-        stage_rank(parallel, stage) for stage in (0, 1, 3)]
+    spec = TrainingSpec(model="llama_7b", model_args=args, sample_shape=(SEQUENCE,),
+                        device="cpu", input_dtype="int64", parallel=parallel,
+                        activation_checkpointing=checkpointing)
+    setup = _prepare(spec, None).setup
+    ranks = traced_ranks(parallel, setup.build_meta_model, setup.checkpoint_blocks)
+    kept = [stage for stage in range(parallel.pp) if stage_rank(parallel, stage) in ranks]
+    peaks = {}
     for batch in parallel.line_batches:
-        setup = replace(prepared.setup, batch_shape=(batch, SEQUENCE))
-        peaks = [_traced_rank(setup, False, stage_rank(parallel, stage)).ledger.peak_bytes
-                 for stage in range(4)]
-        assert peaks[2] <= peaks[1]
-        assert _traced(setup, False).ledger.peak_bytes == max(peaks)
+        at = replace(setup, batch_shape=(batch, SEQUENCE))
+        peaks[batch] = ([_traced_rank(at, False, stage_rank(parallel, stage)).ledger.peak_bytes
+                         for stage in range(parallel.pp)], _traced(at, False).ledger.peak_bytes)
+    return kept, peaks
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_middle_stage_like_the_one_before_is_not_traced_and_holds_no_more(schedule):
+    """Four stages of one block each: stage 2 is made like stage 1, holds as many (GPipe) or
+    one fewer (1F1B) microbatches in flight, so only stages 0, 1 and 3 are traced. Every
+    stage traced for real: stage 2's peak is at most stage 1's, at two batches, and the
+    rank's figure is the largest of all four."""
+    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=4, pp_schedule=schedule)
+    kept, peaks = _every_stage_traced(parallel, DEEP_LLAMA, None)
+    assert kept == [0, 1, 3]
+    for every, reported in peaks.values():
+        assert every[2] <= every[1] and reported == max(every)
+
+
+@pytest.mark.slow
+def test_a_middle_stage_like_an_earlier_one_is_not_traced_and_holds_no_more():
+    """Eight stages, every third block checkpointed (blocks 2 and 5): stages 3, 4 and 6 are
+    made like stage 1 (no block checkpointed), stage 5 like stage 2 (its block
+    checkpointed); each holds no more than that earlier stage, traced for real."""
+    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=8, pp_schedule="1f1b")
+    kept, peaks = _every_stage_traced(parallel, {**TINY_LLAMA, "depth": 8}, "every:3")
+    assert kept == [0, 1, 2, 7]
+    for every, reported in peaks.values():
+        assert max(every[3], every[4], every[6]) <= every[1] and every[5] <= every[2]
+        assert reported == max(every)
 
 
 def test_stages_whose_blocks_are_checkpointed_differently_are_all_traced():

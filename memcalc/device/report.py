@@ -208,8 +208,8 @@ class DeviceReport(BaseModel):
     """Halo rows one GPU receives in one iteration under spatial parallelism."""
     stage_peak_bytes: list[int] = []
     """A pipeline: each traced stage's rank's peak of live tensor bytes, in stage order (the
-    reported figures are the largest stage's). A middle stage made like the one before it
-    is not traced (its peak is at most that one's: ``memcalc.trace.rank.traced_ranks``)."""
+    reported figures are the largest stage's). A middle stage made like an earlier middle
+    one is not traced (its peak is at most that one's: ``memcalc.trace.rank.traced_ranks``)."""
     compute_peak_bytes: int | None = None
     """Live tensor bytes at the peak of forward + backward (traced only)."""
     optimizer_peak_bytes: int | None = None

@@ -29,9 +29,9 @@ def traced_ranks(parallel: ParallelSpec | None, build_meta_model: Callable[[], n
                  checkpointed: tuple[str, ...] = (), plain: bool = True) -> list[int]:
     """The ranks whose step is traced: rank 0, and the first rank of every other pipeline
     stage (their stages hold different layers and microbatches in flight), except a middle
-    stage made like the one before it (``stage_signature``, the same blocks checkpointed):
-    under GPipe it holds as many microbatches in flight, under 1F1B one fewer, and it
-    receives and sends the same buffers, so its peak is at most that one's. Every stage is
+    stage made like an earlier middle one (``stage_signature``, the same blocks
+    checkpointed): under GPipe it holds as many microbatches in flight, under 1F1B fewer,
+    and it receives and sends the same buffers, so its peak is at most that one's. Every stage is
     traced under the interleaved schedule (a rank's two stages), and unless ``plain`` (no
     compiled regions, no spatial split)."""
     if parallel is None or parallel.pp == 1:
@@ -55,7 +55,7 @@ def _stages_to_trace(parallel: ParallelSpec, build_meta_model: Callable[[], nn.M
     signatures = [(stage_signature(stage), tuple(blocks[index] in marked for index in owned))
                   for stage, owned in zip(stages, split_points(len(blocks), parallel.stages))]
     return [stage for stage in every if stage <= 1 or stage == parallel.pp - 1
-            or signatures[stage] != signatures[stage - 1]]
+            or signatures[stage] not in signatures[1:stage]]
 
 
 @contextlib.contextmanager
