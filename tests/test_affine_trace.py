@@ -14,11 +14,12 @@ from memcalc.trace.ledger import MemoryLedger, Phase
 from memcalc.trace.tracer import TraceResult
 
 
-def _trace(sizes: list[int], batch: int, category=MemoryCategory.ACTIVATION) -> TraceResult:
+def _trace(sizes: list[int], batch: int, category=MemoryCategory.ACTIVATION,
+           ops: frozenset = frozenset({"mm"})) -> TraceResult:
     ledger = MemoryLedger()
     records = [ledger.allocate(size, Phase.FORWARD, 1, "layer", category) for size in sizes]
     ledger.free(records[0])
-    return TraceResult(ledger, (batch, 2), frozenset({"mm"}), None)
+    return TraceResult(ledger, (batch, 2), ops, None)
 
 
 def test_the_line_gives_each_storage_its_bytes_and_recomputes_the_peak():
@@ -39,6 +40,24 @@ def test_the_line_gives_each_storage_its_bytes_and_recomputes_the_peak():
 ])
 def test_no_line_where_the_traces_differ_in_more_than_whole_bytes_per_sample(other):
     assert affine_trace(1, _trace([108, 64], 1), 4, other) is None
+
+
+def test_op_names_no_report_reads_do_not_break_the_line():
+    """``empty_strided`` is named at batch 1 only (another path to the same storages): no
+    report reads it, so the line holds; the line names what either trace ran."""
+    low = _trace([108, 64], 1, ops=frozenset({"mm", "empty_strided"}))
+    line = affine_trace(1, low, 3, _trace([124, 64], 3))
+    assert line is not None
+    assert line.at(10).op_names == {"mm", "empty_strided"}
+    assert line.matches(10, _trace([180, 64], 10))
+
+
+@pytest.mark.parametrize("ops", [frozenset(), frozenset({"mm", "convolution"}),
+                                 frozenset({"mm", "ctc_loss"})])   # cuBLAS, cuDNN, autocast audit
+def test_no_line_where_the_traces_differ_in_an_op_a_report_reads(ops):
+    assert affine_trace(1, _trace([108, 64], 1), 3, _trace([124, 64], 3, ops=ops)) is None
+    line = affine_trace(1, _trace([108, 64], 1), 3, _trace([124, 64], 3))
+    assert not line.matches(10, _trace([180, 64], 10, ops=ops))
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +130,17 @@ def test_an_lm_below_the_direct_kernel_threshold_is_on_the_line_above_it():
     # the token embedding sorts 49 × 64 lookups; the position embedding's 64 stay direct
     assert any(traces[49].ledger.records[key].nbytes for key in traces[49].sized_records)
     assert line.matches(48, traces[48]) and line.matches(49, traces[49])
+
+
+def test_a_zero2_rank_at_batch_1_is_on_the_line():
+    """FSDP2 as ZeRO-2 makes one gradient by ``empty_strided`` at batch 1 only, the same
+    storages as at other batches: the line through batches 1 and 8 is the rank traced at
+    batch 5, figure for figure."""
+    spec = training_spec("llama_7b", (256,), gpu="H100-80GB",
+                         parallel={"strategy": "zero2", "gpus_per_node": 8},
+                         model_args={"dim": 64, "depth": 2, "heads": 4, "hidden": 172})
+    prepared = _prepare(spec, None)
+    traces = {batch: prepared._trace(batch, real=True) for batch in (1, 8, 5)}
+    assert traces[1].op_names != traces[8].op_names      # the case this test is about
+    line = affine_trace(1, traces[1], 8, traces[8])
+    assert line is not None and line.matches(5, traces[5])

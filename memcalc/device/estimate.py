@@ -23,15 +23,11 @@ from memcalc.dtypes import element_size
 from memcalc.specs import DeviceKind, TrainingSpec
 from memcalc.trace.cuda_autocast_audit import left_at_cpu_policy
 from memcalc.trace.precision import precision_policy
+from memcalc.trace.reported_ops import CONV_OPS, CUBLAS_OPS
 from memcalc.trace.tracer import TraceResult
 
 TOP_MODULES = 10
 
-# ATen ops that run on cuBLAS on CUDA (linear layers, attention's math path, bmm).
-CUBLAS_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation"})
-# Convolution ops as the CPU trace names them; on CUDA each runs through cuDNN.
-CONV_OPS = frozenset({"convolution", "_convolution", "mkldnn_convolution", "convolution_backward",
-                      "_slow_conv2d_forward", "slow_conv3d_forward", "cudnn_convolution"})
 
 
 @dataclass(frozen=True)

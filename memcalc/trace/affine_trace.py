@@ -9,8 +9,9 @@ grows by a whole number per sample, the trace at any batch is the one on that li
 through the allocator's model costs milliseconds where a trace costs seconds.
 
 Pure, no torch. ``affine_trace`` declines (None) where the two traces differ in anything but
-such numbers (another op path at batch 1, a string that names the batch, a size that is not a
-whole number per sample); the caller traces those batches. A line is only as good as its
+such numbers (another storage at batch 1, a string that names the batch, a size that is not a
+whole number per sample; op names count only where a report reads them,
+``memcalc.trace.reported_ops``); the caller traces those batches. A line is only as good as its
 evidence: a size that is affine between the two traces but not beyond (a workspace capped
 past some batch) is caught by tracing a third batch and comparing it with the line's
 (``AffineTrace.matches``), which every use of a line in memcalc does before relying on it.
@@ -26,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from memcalc.trace.ledger import EMPTY_CACHE_RECORD, MemoryEvent, MemoryLedger, StorageRecord
+from memcalc.trace.reported_ops import reported_ops
 from memcalc.trace.tracer import TraceResult
 
 
@@ -55,7 +57,7 @@ class AffineTrace:
         figure (every storage, event, kernel and count; storages freed together in any
         order)."""
         made = self.at(batch)
-        return (dataclasses.replace(made, ledger=None) == dataclasses.replace(trace, ledger=None)
+        return (_shown(made) == _shown(trace)
                 and made.ledger.records == trace.ledger.records
                 and _in_order(made.ledger.events) == _in_order(trace.ledger.events))
 
@@ -130,13 +132,22 @@ def _blend(low: Any, high: Any, point: _Point) -> Any:
     raise _NotAffine         # a type whose equality says nothing about the step
 
 
+def _shown(trace: TraceResult) -> TraceResult:
+    """``trace`` without its ledger, its op names cut to those a report reads."""
+    return dataclasses.replace(trace, ledger=None, op_names=reported_ops(trace.op_names))
+
+
 def _trace(low: TraceResult, high: TraceResult, point: _Point) -> TraceResult:
-    """The trace on the line: its ledger's records sized on the line, or by their rule."""
+    """The trace on the line: its ledger's records sized on the line, or by their rule; the
+    op names of both traces (they must agree on those a report reads)."""
+    if reported_ops(low.op_names) != reported_ops(high.op_names):
+        raise _NotAffine
     sized = _blend(low.sized_records, high.sized_records, point)
     fields = {field.name: _blend(getattr(low, field.name), getattr(high, field.name), point)
-              for field in dataclasses.fields(low) if field.name not in ("ledger", "sized_records")}
+              for field in dataclasses.fields(low)
+              if field.name not in ("ledger", "sized_records", "op_names")}
     return TraceResult(ledger=_ledger(low.ledger, high.ledger, point, sized),
-                       sized_records=sized, **fields)
+                       sized_records=sized, op_names=low.op_names | high.op_names, **fields)
 
 
 def _ledger(low: MemoryLedger, high: MemoryLedger, point: _Point, sized: dict) -> MemoryLedger:

@@ -71,8 +71,11 @@ AUDIT: dict[str, str] = {
 }
 
 
+LEFT_AT_CPU_POLICY = frozenset(name.split(".")[0] for name, decision in AUDIT.items()
+                               if not decision.startswith((_SUBSTITUTED, _SAME)))
+"""The ops (ATen names) whose CUDA autocast policy the trace does not apply."""
+
+
 def left_at_cpu_policy(op_names) -> list[str]:
     """The traced ops (ATen names) whose CUDA autocast policy the trace does not apply."""
-    left = {name.split(".")[0] for name, decision in AUDIT.items() if not decision.startswith(
-        (_SUBSTITUTED, _SAME))}
-    return sorted(left & set(op_names))
+    return sorted(LEFT_AT_CPU_POLICY & set(op_names))
