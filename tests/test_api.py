@@ -175,6 +175,10 @@ def test_plan_works_on_a_static_model_and_marks_every_candidate():
 @pytest.mark.parametrize("options, message", [
     (dict(optimiser="adam"), r"unknown argument 'optimiser'; did you mean 'optimizer'\?"),
     (dict(loader={"num_worker": 2}), r"unknown argument .*num_worker.*did you mean 'num_workers'"),
+    # a nested spec's field given at the top: its place, never the name given back
+    (dict(strategy="fsdp"), r"unknown argument 'strategy'; did you mean "
+                            r"parallel=\{'strategy': \.\.\.\}\?$"),
+    (dict(num_workers=2), r"did you mean loader=\{'num_workers': \.\.\.\}\?$"),
     (dict(batch_size=float("nan")), r"batch_size=nan: Input should be a finite number"),
     (dict(gpu_memory_bytes=float("inf")), r"gpu_memory_bytes=inf: .*finite"),
     (dict(batch_size=0), r"batch_size=0: Input should be greater than or equal to 1"),
