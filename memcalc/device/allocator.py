@@ -152,7 +152,7 @@ class CachingAllocatorModel:
 
     def _take_best_fit(self, small: bool, size: int) -> _Block | None:
         pool = self._free[small]
-        index = bisect.bisect_left(pool, (size, -1, -1), key=lambda item: item[0])
+        index = bisect.bisect_left(pool, ((size, -1, -1),))
         if index == len(pool):
             return None
         block = pool[index][1]
@@ -240,13 +240,15 @@ class CachingAllocatorModel:
                     keep.append(item)
             self._free[small] = keep
 
+    # A pool is sorted by its items' keys, compared as tuples: keys are unique (a segment
+    # and an offset), so no comparison reaches a block; a probe ``(key,)`` sorts before
+    # the item ``(key, block)``.
     def _insert_free(self, block: _Block) -> None:
-        bisect.insort(self._free[block.small], (block.key, block), key=lambda item: item[0])
+        bisect.insort(self._free[block.small], (block.key, block))
 
     def _remove_free(self, block: _Block) -> None:
         pool = self._free[block.small]
-        index = bisect.bisect_left(pool, block.key, key=lambda item: item[0])
-        del pool[index]
+        del pool[bisect.bisect_left(pool, (block.key,))]
 
 
 def replay(events: Iterable[MemoryEvent], resident_bytes: Iterable[int] = (),
