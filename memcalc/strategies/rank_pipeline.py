@@ -7,6 +7,9 @@ closed form's microbatch with one microbatch per stage, halving the microbatch w
 not fit (``PIPELINE_TRIES`` traces at most); the step is timed with the closed form's
 microbatch count (2 × stages, or what the global batch needs).
 
+The row's peak at the job's batch is the rank's with microbatches of that batch per GPU, where
+a trial had them (else none is shown).
+
 Known limitations: a microbatch that fits is not grown past the closed form's; GPipe (which
 holds every microbatch) is traced with two; the traces run
 without the card's own settings (the crop search's way: the total against the usable bytes,
@@ -56,18 +59,23 @@ def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext
     whose rank fits (0: not even a microbatch of one)."""
     usable = screened.base.report.device.plan.usable_bytes
     micro = first_microbatch(screened)
+    traced: dict[int, Report] = {}
     for _ in range(PIPELINE_TRIES):
-        trial = pipeline_trial(spec, screened, micro)
-        report = context.estimator.report(trial)
+        report = traced[micro] = context.estimator.report(pipeline_trial(spec, screened, micro))
         if report.device.total_bytes <= usable or micro == 1:
             break
         micro = max(1, micro // 2)
     fits = report.device.total_bytes <= usable
-    return _candidate(screened, report, context, method, micro if fits else 0)
+    at_job = traced.get(context.job_batch) if context.job_batch else None
+    return _candidate(screened, report, context, method, micro if fits else 0,
+                      at_job.device.total_bytes if at_job else None)
 
 
 def _candidate(screened: Screened, report: Report, context: PlanContext, method: str,
-               micro: int) -> Candidate:
+               micro: int, job_batch_peak: int | None) -> Candidate:
+    """The row from the rank traced at ``micro``; ``job_batch_peak``: the rank's total with
+    microbatches of the job's batch, where one of the trials had them (a pipeline rank
+    takes the job's batch per GPU as its microbatch, as the closed form's row does)."""
     parallel = report.spec.parallel
     traced = report.spec.batch_size // parallel.microbatch_size
     global_batch = context.cluster.global_batch
@@ -82,4 +90,4 @@ def _candidate(screened: Screened, report: Report, context: PlanContext, method:
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=Batching(micro, microbatches, micro * microbatches * parallel.dp),
         peak=report.device.total_bytes, context=(context.cluster, context.gpu, screened.states),
-        method=method, notes=notes)
+        method=method, notes=notes, job_batch_peak=job_batch_peak)
