@@ -29,7 +29,6 @@ from memcalc.trace.tracer import TraceResult
 TOP_MODULES = 10
 
 
-
 @dataclass(frozen=True)
 class DeviceTarget:
     """The device an estimate is for: the job, the card (if named), its environment profile
