@@ -66,7 +66,7 @@ def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext
             break
         micro = max(1, micro // 2)
     fits = report.device.total_bytes <= usable
-    at_job = traced.get(context.job_batch) if context.job_batch else None
+    at_job = traced.get(context.job_batch)     # None where no batch was given
     return _candidate(screened, report, context, method, micro if fits else 0,
                       at_job.device.total_bytes if at_job else None)
 
