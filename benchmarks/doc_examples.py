@@ -13,7 +13,8 @@ Pages: ``README.md`` and every page under ``docs/``. Two kinds of example are ru
 
 A line ``<!-- measured: … -->`` just before a block (times and memory measured on this
 machine, which vary from run to run) checks that the command still prints that excerpt (its
-first and last lines found, digits aside) within two lines of its length, not its words;
+first and last lines found, digits aside) within four lines of its length, not its words (a
+forecast measured beside other load can head with a range that takes three more lines);
 ``<!-- not run: … -->`` leaves a block alone (a GPU needed). Without arguments the pages are rewritten with the new outputs; ``--check`` writes
 nothing, prints each difference and exits 1 when there is one.
 """
@@ -33,7 +34,7 @@ FENCE = "```"
 WIDTH = 80
 COMMAND_TIMEOUT_S = 900
 MEASURED = "<!-- measured"
-MEASURED_LINES_SLACK = 2
+MEASURED_LINES_SLACK = 4
 NOT_RUN = "<!-- not run"
 _DIGITS = re.compile(r"[0-9][0-9.,]*")
 _RULES = re.compile(r"[─━═]+")
