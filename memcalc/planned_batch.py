@@ -24,9 +24,10 @@ def batch_plan(prepared: PreparedStep, usable: int, step: int) -> BatchPlan:
     line = line_batches(prepared.spec)
     if line is not None:
         return plan_batch_on_line(prepared.device_report, usable, step, *line)
+    job_batch = prepared.spec.batch_size    # traced for the report whatever the search does
     prepared.tentative_line = True
     try:
-        plan = plan_batch_in_steps(prepared.device_report, usable, step)
+        plan = plan_batch_in_steps(prepared.device_report, usable, step, job_batch)
     finally:
         prepared.tentative_line = False
     given = [point.batch_size for point in plan.points if prepared.from_line(point.batch_size)]
@@ -38,7 +39,7 @@ def batch_plan(prepared: PreparedStep, usable: int, step: int) -> BatchPlan:
                                        default=max(given)), real=True)
         if prepared.line_breaks != breaks:
             # the trace was off the line: searched again (by tracing, until a line is checked)
-            plan = plan_batch_in_steps(prepared.device_report, usable, step)
+            plan = plan_batch_in_steps(prepared.device_report, usable, step, job_batch)
     return on_line_marked(plan, prepared)
 
 

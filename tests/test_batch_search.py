@@ -50,6 +50,35 @@ def test_planned_batch_is_the_largest_that_fits_and_is_confirmed(total_at):
         assert point.fits is (point.total_bytes <= USABLE)
 
 
+@pytest.mark.parametrize("job_batch, second", [(32, 32), (5000, 5000), (1, 8)])
+def test_the_job_batch_is_the_second_trace_in_place_of_batch_8(job_batch, second):
+    def total_at(batch):
+        return 2 * 2**30 + batch * 300 * 2**20
+
+    asked = []
+    plan, _ = search(lambda b: asked.append(b) or _report(total_at(b)), USABLE,
+                     job_batch=job_batch)
+    assert asked[:2] == [1, second]
+    assert plan.max_batch_size == _largest_fitting(total_at, USABLE) and plan.confirmed
+
+
+def test_a_job_batch_above_what_batch_one_says_fits_waits_its_turn():
+    # only a few samples fit: batch 1's growing bytes say 3, traced second, not the job's 40
+    def total_at(batch):
+        return 70 * 2**30 + batch * 3 * 2**30
+
+    def report_at(batch):
+        report = _report(total_at(batch))
+        report.breakdown = SimpleNamespace(activations=2 * 2**30, input_batch=2**30,
+                                           temporaries=0)
+        return report
+
+    asked = []
+    plan, _ = search(lambda b: asked.append(b) or report_at(b), USABLE, job_batch=40)
+    assert asked[:2] == [1, 3]
+    assert plan.max_batch_size == _largest_fitting(total_at, USABLE)
+
+
 def test_the_line_goes_through_its_two_traced_batches():
     plan = plan_batch(lambda b: 5 * 2**30 + b * 2**29 + (b % 3) * 2**20, USABLE)
     totals = {point.batch_size: point.total_bytes for point in plan.points}

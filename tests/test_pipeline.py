@@ -183,13 +183,14 @@ def test_a_batch_that_cannot_train_says_so_and_the_line_skips_it():
     assert report.device.method == "traced" and report.device.batch_size == 4
     assert not any("STATIC" in line for line in report.unsupported)
     methods = {point.batch_size: point.method for point in report.device.plan.points}
-    assert methods[1] == "cannot train" and methods[8] == "traced"
-    assert report.device.plan.fit_batches[0] == 8
+    # the job's batch, traced for the report, is the search's second batch
+    assert methods[1] == "cannot train" and methods[4] == "traced" and 8 not in methods
+    assert report.device.plan.fit_batches[0] == 4
     console = Console(width=200, record=True)
     console.print(report_renderable(report))
     text = console.export_text()
     assert "1: cannot train at this batch" in text and "STATIC" not in text
-    assert "line through traced batches 8 and" in text
+    assert "line through traced batches 4 and" in text
 
 
 def test_a_static_count_plans_no_batch_on_a_gpu():

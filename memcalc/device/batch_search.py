@@ -2,7 +2,8 @@
 
 Pure search over a function ``report_at(batch) -> DeviceReport`` (one traced step per call;
 its ``fits`` decides, its total steers). Two traces fit
-``total(b) = model_bytes + b * per_sample_bytes``; the solved batch is then confirmed by
+``total(b) = model_bytes + b * per_sample_bytes`` (batch 1 and batch 8, or the job's own
+batch where it is traced anyway for the report); the solved batch is then confirmed by
 tracing it and the next one up, and the search walks (secant steps, then bisection) until a
 traced batch fits and the next one does not; above ``EXACT_UP_TO`` samples, until the two
 are within a hundredth of the batch (the plan is then not ``confirmed``).
@@ -33,8 +34,8 @@ EXACT_UP_TO = 1024
 
 
 def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
-               max_steps: int = MAX_TRACES, known: Iterable[int] = ()
-               ) -> tuple[BatchPlan, dict[int, DeviceReport]]:
+               max_steps: int = MAX_TRACES, known: Iterable[int] = (),
+               job_batch: int | None = None) -> tuple[BatchPlan, dict[int, DeviceReport]]:
     """Find the largest batch that fits, and return every report made on the way.
 
     A batch fits when its report says so (the allocator replayed with the usable bytes as
@@ -42,7 +43,9 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
     which takes at most ``max_steps`` batches beyond the first two (then the plan is the
     largest batch known to fit, not ``confirmed``). ``known``: batches whose reports cost
     nothing (traced already, for another card), measured first so the search starts from
-    the bracket they give."""
+    the bracket they give. ``job_batch``: the batch the caller reports at (traced whatever
+    the search does), measured second in place of batch 8 where batch 1 does not say that
+    fewer would fit: one trace fewer, the same line."""
     reports: dict[int, DeviceReport] = {}
     totals: dict[int, int] = {}
     fitting: dict[int, bool] = {}
@@ -60,10 +63,12 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
     measure(small)
     few = _few_fit(reports[small], usable_bytes) if fitting[small] else None
     second = few or large
+    if job_batch is not None and job_batch > small and (few is None or job_batch <= few):
+        second = job_batch
     for batch in (second, *sorted(set(known) - {small, second})):
         measure(batch)
     if not fitting[small]:
-        return _plan(usable_bytes, (small, large), 0, True, reports, fitting), reports
+        return _plan(usable_bytes, (small, second), 0, True, reports, fitting), reports
     best = _search(measure, totals, fitting, usable_bytes, max_steps, floors)
     confirmed = best + 1 in totals and not fitting[best + 1]
     # Near the answer the allocator rounds every large tensor to its own segment, so the
@@ -74,11 +79,14 @@ def plan_batch(report_at: Callable[[int], DeviceReport], usable_bytes: int,
 
 
 def plan_batch_in_steps(report_at: Callable[[int], DeviceReport], usable_bytes: int,
-                        step: int) -> BatchPlan:
+                        step: int, job_batch: int | None = None) -> BatchPlan:
     """``plan_batch`` over batches that are multiples of ``step`` (a pipeline's 1F1B
     schedule needs at least a microbatch per stage): the search runs in steps and its plan
-    is given in samples."""
-    plan, _ = plan_batch(lambda steps: report_at(steps * step), usable_bytes)
+    is given in samples. ``job_batch`` (samples): as ``plan_batch`` takes it, where it is a
+    whole number of steps."""
+    in_steps = job_batch // step if job_batch and job_batch % step == 0 else None
+    plan, _ = plan_batch(lambda steps: report_at(steps * step), usable_bytes,
+                         job_batch=in_steps)
     if step == 1:
         return plan
     return _in_samples(plan, step)
