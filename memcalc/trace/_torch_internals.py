@@ -105,7 +105,18 @@ METADATA_OPS = frozenset({torch.ops.prim.device.default})
 """Ops that only read a tensor's metadata: no storage, no FLOPs, nothing to bound. Asked for
 ``.device`` of every fake tensor from C++ (the autograd engine, the optimizers' foreach
 grouping), they are about two thirds of the ops a trace dispatches: the modes here pass them
-straight on."""
+straight on, and the first of them to see one on a fake tensor answers it (``fake_device``)."""
+_DEVICE = torch.ops.prim.device.default
+
+
+def fake_device(func, args) -> torch.device | None:
+    """``prim.device`` of a fake tensor answered as ``FakeTensor.__torch_dispatch__`` answers
+    it (torch 2.3–2.13), so that the modes below and the fake mode's own dispatch are not
+    entered for it; None for any other op or tensor."""
+    if func is not _DEVICE or type(args[0]) is not FakeTensor:
+        return None
+    tensor = args[0]
+    return torch.device("meta") if tensor.fake_mode.in_kernel_invocation else tensor.fake_device
 
 
 class _PlainDispatchMode(TorchDispatchMode):
@@ -125,6 +136,9 @@ class OpInterceptor(_PlainDispatchMode):
         self._handler = handler
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         if _wrapper_subclass(types):
             return NotImplemented
         if func in METADATA_OPS:
@@ -314,6 +328,9 @@ class StorageWatcher(_PlainDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         """``op_hook(name, args, outputs, watch)`` may watch the outputs itself, in its own
         order, and return True; otherwise every output is watched in order."""
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         if _wrapper_subclass(types):
             return NotImplemented
         if func in METADATA_OPS:
@@ -565,6 +582,9 @@ class FlopCountingMode(_PlainDispatchMode):
         self.flops_closed = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        device = fake_device(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         name = func._overloadpacket.__name__
