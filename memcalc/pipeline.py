@@ -47,6 +47,7 @@ from memcalc.report.assumptions import (
 from memcalc.report.models import InputSummary, ModelSummary, Report
 from memcalc.specs import DeviceKind, LossKind, OptimizerImpl, StepPhase, TrainingSpec
 from memcalc.trace.checkpointing import policy_blocks, repeated_blocks
+from memcalc.trace.collector import fewer_collections
 from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.trace.optimizers import OptimizerRule, configured_rule
@@ -101,7 +102,8 @@ def _estimate(spec: TrainingSpec, progress: Progress | None,
         _workers_within_cpus(spec.loader, detect_machine())
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
-    prepared = _prepare(spec, measurement, layer_tables)
+    with fewer_collections():
+        prepared = _prepare(spec, measurement, layer_tables)
     try:
         searched = BatchSearch.SEARCHED if spec.batch_size is None else batch_search
         return _planned_report(spec, prepared, measurement,
@@ -117,6 +119,21 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
                     layer_tables: dict[str, tuple] | None, *,
                     batch_search: BatchSearch = BatchSearch.SEARCHED
                     ) -> Report:
+    with fewer_collections():   # not while the host side measures: its workers inherit it
+        device, batch_size = _planned_device(spec, prepared, card_fits, layer_tables,
+                                             batch_search)
+    static = prepared.static_at(batch_size)
+    host, throughput = host_and_throughput(HostInputs(
+        spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
+        prepared.target.gpu, measurement, resident_worker_bytes), progress)
+    return _report(prepared, device, static, host, throughput)
+
+
+def _planned_device(spec: TrainingSpec, prepared: PreparedStep, card_fits: bool,
+                    layer_tables: dict[str, tuple] | None, batch_search: BatchSearch
+                    ) -> tuple[DeviceReport, int]:
+    """The device report at the batch reported, with its batch plan (or the common cards'
+    largest batches), and that batch."""
     usable = prepared.target.usable_bytes
     step = spec.parallel.batch_step if spec.parallel else 1
     plan = (batch_plan(prepared, usable, step)
@@ -141,11 +158,7 @@ def _planned_report(spec: TrainingSpec, prepared: PreparedStep,
     elif (card_fits and step == 1 and spec.device is DeviceKind.CUDA
           and device.method == "traced" and line_batches(spec) is None):
         device = device.model_copy(update={"card_fits": card_fits_of(prepared)})
-    static = prepared.static_at(batch_size)
-    host, throughput = host_and_throughput(HostInputs(
-        spec, prepared.sample_shape, prepared.input_dtype_name, static, device,
-        prepared.target.gpu, measurement, resident_worker_bytes), progress)
-    return _report(prepared, device, static, host, throughput)
+    return device, batch_size
 
 
 def _report_at(spec: TrainingSpec, batch_size: int,

@@ -1,8 +1,9 @@
 """A pre-flight leaves the caller's process as it found it: the process is snapshotted before
 and after each public call (torch modes and flags, every random stream, ``nn.Module``'s
 methods, the multiprocessing context, signal handlers, environment, ``sys.path``, logging,
-warnings filters, threads, child processes, open files, /dev/shm, the working directory, the
-user's model's tensors) and any difference fails the test."""
+warnings filters, the garbage collector's thresholds, threads, child processes, open files,
+/dev/shm, the working directory, the user's model's tensors) and any difference fails the
+test."""
 
 from __future__ import annotations
 
@@ -94,6 +95,7 @@ def snapshot() -> dict:
         "children": {child.pid for child in multiprocessing.active_children()},
         "fds": _files("/proc/self/fd"),
         "distributed": torch.distributed.is_available() and torch.distributed.is_initialized(),
+        "gc": (gc.isenabled(), gc.get_threshold()),
     }
 
 

@@ -32,6 +32,7 @@ from memcalc.trace._torch_internals import (
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing
+from memcalc.trace.collector import fewer_collections
 from memcalc.trace.rank import (pipeline_rank, rank_of, remember_sequence_parallel_failure,
                                 sequence_parallel_failure, traced_ranks, wrapped)
 from memcalc.distributed.parallelize import job_optimizer, local_optimizer
@@ -191,6 +192,13 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
     """Trace ``setup.iterations`` training iterations; raise TraceError if the model can't be.
     ``replay``: the optimizer steps are replayed when an earlier trace recorded the same
     ones (``memcalc.trace.step_replay``), else run (False: always run)."""
+    with fewer_collections():
+        return _traced_or_again(setup, replay)
+
+
+def _traced_or_again(setup: StepSetup, replay: bool) -> TraceResult:
+    """The trace, again with the optimizer steps run where their replay did not match, or
+    without sequence parallelism where the model's forward refused it."""
     if setup.parallel is not None:   # DTensor states: the optimizer step is always run
         replay = False
     parallel = setup.parallel

@@ -1,0 +1,66 @@
+"""The garbage collector runs less often while a step is traced, and afterwards as before."""
+
+import gc
+
+import pytest
+
+from memcalc.trace.collector import TRACE_THRESHOLD, fewer_collections
+
+
+@pytest.fixture
+def thresholds():
+    before = gc.get_threshold()
+    yield
+    gc.set_threshold(*before)
+
+
+@pytest.mark.parametrize("callers", [(700, 10, 10), (1000, 5, 20)])
+def test_raised_inside_and_the_callers_own_after(thresholds, callers):
+    gc.set_threshold(*callers)
+    with fewer_collections():
+        assert gc.get_threshold() == (TRACE_THRESHOLD, *callers[1:])
+    assert gc.get_threshold() == callers
+
+
+def test_put_back_when_the_block_raises(thresholds):
+    gc.set_threshold(700, 10, 10)
+    with pytest.raises(KeyError), fewer_collections():
+        raise KeyError("the model's code")
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+@pytest.mark.parametrize("callers", [(0, 10, 10), (10 * TRACE_THRESHOLD, 10, 10)])
+def test_collection_off_or_rarer_already_is_left_alone(thresholds, callers):
+    gc.set_threshold(*callers)
+    with fewer_collections():
+        assert gc.get_threshold() == callers
+
+
+def test_an_estimate_runs_far_fewer_young_collections(monkeypatch):
+    from contextlib import nullcontext
+
+    import memcalc.pipeline as pipeline
+    import memcalc.trace.tracer as tracer
+    from memcalc.specs import TrainingSpec
+
+    spec = TrainingSpec(model="resnet50", sample_shape=(3, 64, 64), batch_size=2, gpu="T4")
+    young = []
+
+    def count(phase, info):
+        if phase == "start" and info["generation"] == 0:
+            young.append(info)
+
+    def collections() -> int:
+        young.clear()
+        gc.callbacks.append(count)
+        try:
+            pipeline.estimate(spec)
+        finally:
+            gc.callbacks.remove(count)
+        return len(young)
+
+    pipeline.estimate(spec)             # torch's lazy imports and caches out of the way
+    fewer = collections()
+    for module in (pipeline, tracer):
+        monkeypatch.setattr(module, "fewer_collections", nullcontext)
+    assert fewer * 5 < collections()
