@@ -1,4 +1,5 @@
-"""The garbage collector runs less often while a step is traced, and afterwards as before."""
+"""The garbage collector runs no full collection while a step is traced, and afterwards as
+before."""
 
 import gc
 
@@ -18,7 +19,7 @@ def thresholds():
 def test_raised_inside_and_the_callers_own_after(thresholds, callers):
     gc.set_threshold(*callers)
     with fewer_collections():
-        assert gc.get_threshold() == (TRACE_THRESHOLD, *callers[1:])
+        assert gc.get_threshold() == (*callers[:2], TRACE_THRESHOLD)
     assert gc.get_threshold() == callers
 
 
@@ -29,14 +30,15 @@ def test_put_back_when_the_block_raises(thresholds):
     assert gc.get_threshold() == (700, 10, 10)
 
 
-@pytest.mark.parametrize("callers", [(0, 10, 10), (10 * TRACE_THRESHOLD, 10, 10)])
+@pytest.mark.parametrize("callers", [(0, 10, 10), (700, 10, 10 * TRACE_THRESHOLD)])
 def test_collection_off_or_rarer_already_is_left_alone(thresholds, callers):
     gc.set_threshold(*callers)
     with fewer_collections():
         assert gc.get_threshold() == callers
 
 
-def test_an_estimate_runs_far_fewer_young_collections(monkeypatch):
+def test_an_estimate_runs_fewer_full_collections_and_as_many_young_ones(monkeypatch,
+                                                                     thresholds):
     from contextlib import nullcontext
 
     import memcalc.pipeline as pipeline
@@ -44,23 +46,25 @@ def test_an_estimate_runs_far_fewer_young_collections(monkeypatch):
     from memcalc.specs import TrainingSpec
 
     spec = TrainingSpec(model="resnet50", sample_shape=(3, 64, 64), batch_size=2, gpu="T4")
-    young = []
 
-    def count(phase, info):
-        if phase == "start" and info["generation"] == 0:
-            young.append(info)
+    def collections() -> list[int]:
+        """Collections of each generation during one estimate."""
+        counts = [0, 0, 0]
 
-    def collections() -> int:
-        young.clear()
+        def count(phase, info):
+            if phase == "start":
+                counts[info["generation"]] += 1
         gc.callbacks.append(count)
         try:
             pipeline.estimate(spec)
         finally:
             gc.callbacks.remove(count)
-        return len(young)
+        return counts
 
+    gc.set_threshold(700, 10, 10)
     pipeline.estimate(spec)             # torch's lazy imports and caches out of the way
     fewer = collections()
     for module in (pipeline, tracer):
         monkeypatch.setattr(module, "fewer_collections", nullcontext)
-    assert fewer * 5 < collections()
+    default = collections()
+    assert fewer[2] < default[2] and fewer[0] >= 0.8 * default[0]
