@@ -23,7 +23,8 @@ from memcalc.errors import MemcalcError
 from memcalc.specs import Precision
 from memcalc.strategies.candidates import (accumulation, global_batch_note, planned_peak_at,
                                            scheduled_candidate)
-from memcalc.strategies.rank_pipeline import first_microbatch, pipeline_trial, traced_pipeline
+from memcalc.strategies.rank_pipeline import (first_microbatch, pipeline_trial, pipeline_trials,
+                                              traced_pipeline)
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.specs import Strategy
 from memcalc.strategies.variants import planned_spec
@@ -98,7 +99,7 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
     ahead = [_best_of(screened, strategy, context) for strategy in WRAPPERS]
     ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)
              ][:context.cluster.rank_traces]
-    context.estimator.prefetch([rank_spec(s, context) for s in ahead])
+    context.estimator.prefetch([trial for s in ahead for trial in _first_trials(s, context)])
     while len(tried) < context.cluster.rank_traces:
         waiting = [s for s in ahead if id(s) not in tried]
         if not waiting:
@@ -114,6 +115,15 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
         if failure:
             failures.append(failure)
     return [rows[id(s)] for s in screened], failures
+
+
+def _first_trials(screened: Screened, context: PlanContext) -> list[TrainingSpec]:
+    """What tracing ``screened``'s rank asks for first: its spec, and a pipeline's trial at
+    the job's batch beside it."""
+    spec = rank_spec(screened, context)
+    if spec is None or spec.parallel.pp == 1:
+        return [spec]
+    return pipeline_trials(spec, screened, context.job_batch)
 
 
 def _best_of(screened: list[Screened], strategy: Strategy, context: PlanContext

@@ -7,19 +7,23 @@ closed form's microbatch with one microbatch per stage, halving the microbatch w
 not fit (``PIPELINE_TRIES`` traces at most); the step is timed with the closed form's
 microbatch count (2 × stages, or what the global batch needs).
 
-The row's peak at the job's batch is the rank's with microbatches of that batch per GPU, where
-a trial had them (else none is shown).
+Where the job's batch is given, the rank is also traced with microbatches of that batch per GPU
+(asked for beside the first trial, so another process can make it meanwhile): the row's peak at
+the job's batch, and a microbatch known to fit or not that the halving need not trace again.
+The row's microbatch is the largest traced one that fits.
 
-Known limitations: a microbatch that fits is not grown past the closed form's; GPipe (which
-holds every microbatch) is traced with two; the traces run
+Known limitations: a microbatch that fits is not grown past the closed form's (or the job's
+batch, where larger); GPipe (which holds every microbatch) is traced with two; the traces run
 without the card's own settings (the crop search's way: the total against the usable bytes,
 not the allocator replayed at capacity); activation transfers between stages are not modelled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memcalc.errors import MemcalcError
 from memcalc.strategies.candidates import Batching, scheduled_candidate
 from memcalc.units import format_bytes
 
@@ -53,26 +57,63 @@ def first_microbatch(screened: Screened) -> int:
     return max(1, screened.candidate.max_batch_size)
 
 
+def pipeline_trials(spec: TrainingSpec, screened: Screened,
+                    job_batch: int | None) -> list[TrainingSpec]:
+    """The trials a pipeline row asks for first, in order: the closed form's microbatch, and
+    the job's batch as the microbatch where it is given and differs."""
+    first = first_microbatch(screened)
+    micros = [first] + ([job_batch] if job_batch and job_batch != first else [])
+    return [pipeline_trial(spec, screened, micro) for micro in micros]
+
+
 def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext,
                     method: str) -> Candidate:
-    """The pipeline row at the largest microbatch, of the closed form's and its halvings,
-    whose rank fits (0: not even a microbatch of one)."""
+    """The pipeline row at the largest traced microbatch whose rank fits: of the closed
+    form's, its halvings and the job's batch (0: not even a microbatch of one)."""
     usable = screened.base.report.device.plan.usable_bytes
-    micro = first_microbatch(screened)
     traced: dict[int, Report] = {}
-    for _ in range(PIPELINE_TRIES):
-        report = traced[micro] = context.estimator.report(pipeline_trial(spec, screened, micro))
-        if report.device.total_bytes <= usable or micro == 1:
+    notes: list[str] = []
+
+    def fits(micro: int) -> bool | None:
+        if micro not in traced:
+            try:
+                traced[micro] = context.estimator.report(pipeline_trial(spec, screened, micro))
+            except MemcalcError as error:
+                if not traced:          # the first trial: the row cannot be traced
+                    raise
+                notes.append(f"not traced with microbatches of {micro}: {error}")
+                return None
+        return traced[micro].device.total_bytes <= usable
+
+    best = searched_microbatch(first_microbatch(screened), context.job_batch, fits)
+    at_job = traced.get(context.job_batch)      # None where no batch was given
+    return _candidate(screened, traced[best or min(traced)], context, method, best,
+                      at_job.device.total_bytes if at_job else None, notes)
+
+
+def searched_microbatch(first: int, job: int | None,
+                        fits: Callable[[int], bool | None]) -> int:
+    """The largest microbatch found to fit (0: none): ``fits(micro)`` traces the rank at
+    ``micro`` (None where that trace failed) and is asked at ``first``, then at ``job`` (the
+    job's batch, where given), then at the halvings of ``first`` while they do not fit
+    (``PIPELINE_TRIES`` halvings and first in all), not below a ``job`` that fits."""
+    known = {first: fits(first)}
+    if job and job != first:
+        known[job] = fits(job)
+    micro = first
+    for _ in range(PIPELINE_TRIES - 1):
+        if known[micro] or micro == 1:
             break
         micro = max(1, micro // 2)
-    fits = report.device.total_bytes <= usable
-    at_job = traced.get(context.job_batch)     # None where no batch was given
-    return _candidate(screened, report, context, method, micro if fits else 0,
-                      at_job.device.total_bytes if at_job else None)
+        if known.get(job) and micro <= job:
+            break                       # the job's microbatch fits: no smaller one is needed
+        if micro not in known:
+            known[micro] = fits(micro)
+    return max((size for size, fitting in known.items() if fitting), default=0)
 
 
 def _candidate(screened: Screened, report: Report, context: PlanContext, method: str,
-               micro: int, job_batch_peak: int | None) -> Candidate:
+               micro: int, job_batch_peak: int | None, notes: list[str]) -> Candidate:
     """The row from the rank traced at ``micro``; ``job_batch_peak``: the rank's total with
     microbatches of the job's batch, where one of the trials had them (a pipeline rank
     takes the job's batch per GPU as its microbatch, as the closed form's row does)."""
@@ -85,7 +126,7 @@ def _candidate(screened: Screened, report: Report, context: PlanContext, method:
              f"process group: {format_bytes(report.device.total_bytes)} with {traced} "
              f"microbatches of {parallel.microbatch_size} (the rank of its largest stage; the "
              "card's settings left out, its total against the usable memory); timed with "
-             f"{microbatches} microbatches a step"]
+             f"{microbatches} microbatches a step", *notes]
     return scheduled_candidate(
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=Batching(micro, microbatches, micro * microbatches * parallel.dp),
