@@ -115,8 +115,9 @@ def searched_microbatch(first: int, job: int | None,
 def _candidate(screened: Screened, report: Report, context: PlanContext, method: str,
                micro: int, job_batch_peak: int | None, notes: list[str]) -> Candidate:
     """The row from the rank traced at ``micro``; ``job_batch_peak``: the rank's total with
-    microbatches of the job's batch, where one of the trials had them (a pipeline rank
-    takes the job's batch per GPU as its microbatch, as the closed form's row does)."""
+    microbatches of the job's batch (a pipeline rank takes the job's batch per GPU as its
+    microbatch, as the closed form's row does; None without one, or where that trace failed);
+    ``notes``: the trials that could not be traced."""
     parallel = report.spec.parallel
     traced = report.spec.batch_size // parallel.microbatch_size
     global_batch = context.cluster.global_batch
