@@ -24,7 +24,11 @@ from tests.fixtures.published_distributed import GIB, PUBLISHED_RANKS
 
 RESULTS = Path(__file__).with_name("results-distributed.md")
 CASES = {
-    2: [("gpt2", "ddp", 2, None, False, False), ("gpt2", "zero1", 2, None, False, False),
+    2: [("gpt2", "ddp", 2, None, False, False),
+        ("gpt2", "ddp-bucket-view", 2, None, False, False),
+        ("gpt2", "ddp-static-graph", 2, None, False, False),
+        ("gpt2", "ddp-small-buckets", 2, None, False, False),
+        ("gpt2", "zero1", 2, None, False, False),
         ("gpt2", "zero2", 2, None, False, False),
         ("gpt2", "fsdp", 2, None, False, False), ("gpt2", "fsdp", 2, "bfloat16", False, False),
         ("gpt2", "fsdp", 4, None, True, False), ("gpt2", "fsdp", 2, None, False, True),

@@ -14,6 +14,9 @@ from tests.fixtures.distributed_truth import (MODELS, PIPELINE_LLAMA, SEQUENCE, 
 WORLD = 2
 CASES = {
     "ddp": ("gpt2", "ddp", 2, None, False, False),
+    "ddp-bucket-view": ("gpt2", "ddp-bucket-view", 2, None, False, False),
+    "ddp-static-graph": ("gpt2", "ddp-static-graph", 2, None, False, False),
+    "ddp-small-buckets": ("gpt2", "ddp-small-buckets", 2, None, False, False),
     "zero1": ("gpt2", "zero1", 2, None, False, False),
     "zero2": ("gpt2", "zero2", 2, None, False, False),
     "fsdp": ("gpt2", "fsdp", 2, None, False, False),

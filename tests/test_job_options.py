@@ -23,6 +23,11 @@ MISTAKES = {
                                  r"--tp 4 does not divide the 6 GPUs"),
     "param dtype with ddp": (["--strategy", "ddp", "--gpus", "2", "--param-dtype", "bfloat16"],
                              r"FSDP2's mixed-precision policy"),
+    "ddp's options with fsdp": (["--strategy", "fsdp", "--gpus", "2", "--bucket-view",
+                                 "--bucket-cap-mb", "5"],
+                                r"--bucket-view, --bucket-cap-mb: options of DDP .* does not wrap"),
+    "bucket view with zero2": (["--strategy", "zero2", "--gpus", "2", "--bucket-view"],
+                               r"--bucket-view: options of DDP"),
     "ddp with tensor parallel": (["--strategy", "ddp", "--gpus", "4", "--tp", "2"],
                                  r"DDP with tensor parallelism is not traced"),
     "spatial split with a strategy": (["--strategy", "fsdp", "--gpus", "2", "--spatial-parts",
@@ -52,6 +57,14 @@ def test_the_json_report_carries_the_layout_and_one_rank():
     assert report["spec"]["parallel"]["strategy"] == "zero1"
     assert report["spec"]["parallel"]["gpus_per_node"] == 4
     assert report["device"]["method"] == "traced"
+
+
+def test_ddps_options_reach_the_traced_rank_and_its_head():
+    result = CliRunner().invoke(main, ["estimate", *TINY, "--strategy", "ddp", "--gpus", "2",
+                                       "--bucket-cap-mb", "0.5", "--bucket-view"])
+    assert result.exit_code == 0, result.output
+    head = " ".join(result.stdout.replace("│", " ").split())      # the panel's lines joined
+    assert "ddp on 2 GPUs, gradient_as_bucket_view, buckets of 0.5 MiB" in head
 
 
 def test_the_wrappers_print_nothing_before_the_verdict():

@@ -7,8 +7,8 @@ import click
 from pydantic import ValidationError
 
 from memcalc.cli.types import enum_choice
-from memcalc.distributed.specs import (PARAM_DTYPES, DataParallel, ParallelSpec,
-                                      PipelineSchedule, Reshard)
+from memcalc.distributed.specs import (DDP_BUCKET_CAP_MB, PARAM_DTYPES, DataParallel,
+                                      ParallelSpec, PipelineSchedule, Reshard)
 from memcalc.errors import InputError
 
 JOB_OPTIONS = [
@@ -51,6 +51,9 @@ JOB_OPTIONS = [
                  help="FSDP2: default = every block but the last; always; never."),
     click.option("--bucket-view", is_flag=True,
                  help="DDP gradient_as_bucket_view=True (no second copy of the gradients)."),
+    click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True),
+                 default=DDP_BUCKET_CAP_MB,
+                 show_default=True, help="DDP bucket_cap_mb: the gradient buckets' size (MiB)."),
 ]
 
 
@@ -72,7 +75,8 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
                   param_dtype=options.pop("param_dtype", None),
                   reduce_dtype=options.pop("reduce_dtype", None),
                   reshard_after_forward=options.pop("reshard_after_forward", Reshard.DEFAULT),
-                  gradient_as_bucket_view=options.pop("bucket_view", False))
+                  gradient_as_bucket_view=options.pop("bucket_view", False),
+                  bucket_cap_mb=options.pop("bucket_cap_mb", DDP_BUCKET_CAP_MB))
     if strategy is None:
         if gpus is not None:
             raise InputError("--gpus needs --strategy (ddp, zero1, zero2 or fsdp) to say how the "

@@ -41,6 +41,8 @@ class PipelineSchedule(str, Enum):
 
 REPLICATED = frozenset({DataParallel.DDP, DataParallel.ZERO1})
 """Strategies whose ranks each hold all the parameters (DDP's wrapper)."""
+DDP_BUCKET_CAP_MB = 25.0
+"""``DistributedDataParallel``'s default ``bucket_cap_mb``."""
 
 
 class Reshard(str, Enum):
@@ -82,9 +84,12 @@ class ParallelSpec(BaseModel):
     reshard_after_forward: Reshard = Reshard.DEFAULT
     gradient_as_bucket_view: bool = False
     """DDP: gradients are views into its buckets (no second copy)."""
-    bucket_cap_mb: float = Field(default=25.0, gt=0)
+    bucket_cap_mb: float = Field(default=DDP_BUCKET_CAP_MB, gt=0)
     """DDP's bucket size (its default: 25 MiB)."""
     static_graph: bool = False
+    """DDP ``static_graph=True``: the graph is the same every iteration (library only: its
+    reducer's consistency checks read 0/1 flags in C++, which the trace answers with its
+    default and then warns of, although the traced rank matches a real one to the byte)."""
     pp: int = Field(default=1, ge=1)
     """Pipeline-parallel degree: the model split into stages by its repeated blocks."""
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
@@ -137,8 +142,12 @@ class ParallelSpec(BaseModel):
         nodes = f" ({self.nodes} nodes × {self.gpus_per_node})" if self.nodes > 1 else ""
         extras = [f"{name} {value}" for name, value in (("param", self.param_dtype),
                                                         ("reduce", self.reduce_dtype)) if value]
-        if self.strategy in REPLICATED and self.gradient_as_bucket_view:
-            extras.append("gradient_as_bucket_view")
+        if self.strategy in REPLICATED:
+            extras += [name for name, on in (("gradient_as_bucket_view",
+                                              self.gradient_as_bucket_view),
+                                             ("static_graph", self.static_graph)) if on]
+            if self.bucket_cap_mb != DDP_BUCKET_CAP_MB:
+                extras.append(f"buckets of {self.bucket_cap_mb:g} MiB")
         if self.strategy is DataParallel.FSDP and self.reshard_after_forward is not Reshard.DEFAULT:
             extras.append(f"reshard after forward: {self.reshard_after_forward.value}")
         if self.pp > 1:
@@ -193,6 +202,13 @@ class ParallelSpec(BaseModel):
         if self.tp > 1 and self.strategy in REPLICATED and self.dp > 1:
             raise ValueError("DDP with tensor parallelism is not traced; use --strategy fsdp "
                              "(FSDP2 over the data-parallel ranks, as torchtitan does)")
+        ddp_options = [option for option, given in (
+            ("--bucket-view", self.gradient_as_bucket_view), ("static_graph", self.static_graph),
+            ("--bucket-cap-mb", self.bucket_cap_mb != DDP_BUCKET_CAP_MB)) if given]
+        if ddp_options and self.strategy not in REPLICATED:
+            raise ValueError(f"{', '.join(ddp_options)}: options of DDP (--strategy ddp or "
+                             f"zero1); --strategy {self.strategy.value} does not wrap the model "
+                             "in DDP")
         mixed = self.param_dtype is not None or self.reduce_dtype is not None
         if mixed and self.strategy in REPLICATED:
             raise ValueError("--param-dtype/--reduce-dtype are FSDP2's mixed-precision policy; "

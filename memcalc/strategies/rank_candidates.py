@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from memcalc.distributed.specs import DataParallel, ParallelSpec
+from memcalc.distributed.specs import REPLICATED, DataParallel, ParallelSpec
 from memcalc.errors import MemcalcError
 from memcalc.specs import Precision
 from memcalc.strategies.candidates import (accumulation, global_batch_note, planned_peak_at,
@@ -75,7 +75,8 @@ def rank_spec(screened: Screened, context: PlanContext) -> TrainingSpec | None:
     per_node = cluster.gpus_per_node_for(gpus)
     policy = SHARDED_POLICY.get(spec.precision) if wrapper in SHARDED else None
     parallel = ParallelSpec(strategy=wrapper, gpus_per_node=per_node, nodes=gpus // per_node,
-                            gradient_as_bucket_view=cluster.gradient_as_bucket_view,
+                            gradient_as_bucket_view=(cluster.gradient_as_bucket_view
+                                                     and wrapper in REPLICATED),
                             **({"param_dtype": policy, "reduce_dtype": "float32"}
                                if policy else {}))
     rank = spec.with_changes(parallel=parallel,
