@@ -7,7 +7,7 @@ import pytest
 
 from memcalc.device.batch_search import plan_batch
 from memcalc.pipeline import _prepare
-from tests.fixtures.published_distributed import PUBLISHED_RANKS
+from tests.fixtures.published_distributed import PUBLISHED_OUTCOMES, PUBLISHED_RANKS
 
 pytestmark = pytest.mark.slow      # 8B-parameter jobs traced rank by rank
 
@@ -35,3 +35,11 @@ def test_the_largest_batch_is_at_least_the_batch_that_ran(prepared):
     step = prepared[case.name]
     plan = plan_batch(step.device_report, step.target.usable_bytes)[0]
     assert plan.max_batch_size is not None and plan.max_batch_size >= case.ran_batch
+
+
+@pytest.mark.parametrize("case", PUBLISHED_OUTCOMES, ids=lambda case: case.name)
+def test_a_batch_that_ran_fits_and_one_that_ran_out_of_memory_does_not(case):
+    """The traced rank at the published batch, replayed at the card's whole capacity."""
+    report = _prepare(case.spec, None).device_report(case.spec.batch_size)
+    assert report.method == "traced"
+    assert report.fits is case.ran, f"{report.total_bytes / 2**30:.2f} GiB"

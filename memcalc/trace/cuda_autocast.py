@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from memcalc.trace._torch_internals import is_fake_tensor
 from memcalc.trace.cuda_kernels import cuda_substitute
+from memcalc.trace.cuda_rms_norm import CUDA_KERNELS
 
 _LOW = (torch.float16, torch.bfloat16)
 
@@ -190,7 +191,8 @@ INPUT_DTYPE = [
 for _functions, _cast_for in ((LOWER, _to_lower), (FP32, _to_float32), (PROMOTE, _to_widest),
                               (FP32_SET_OPT_DTYPE, _float32_result), (INPUT_DTYPE, _unchanged)):
     for _function in dict.fromkeys(_functions):
-        cuda_substitute(_function)(_as_cuda_autocast(_function, _cast_for))
+        cuda_substitute(_function)(_as_cuda_autocast(CUDA_KERNELS.get(_function, _function),
+                                                     _cast_for))
 for _log, _functions in ((False, (torch.softmax, F.softmax, torch.Tensor.softmax)),
                          (True, (torch.log_softmax, F.log_softmax, torch.Tensor.log_softmax))):
     for _function in _functions:

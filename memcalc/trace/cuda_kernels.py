@@ -30,6 +30,9 @@ softmax (fp16, mixed)  ``native/SoftMax.cpp``: Half -> Float result via        s
                        ``half_to_float`` without a float32 copy (CUDA only)    (cuda_autocast)
 fused Adam/AdamW/SGD   ``native/cuda/fused_adam_impl.cu``: in place, no        modelled in
                        parameter-sized temporaries                             optimizers.py
+rms_norm (RMSNorm)     ``native/layer_norm.cpp``: ``_fused_rms_norm``, one      substituted
+                       CUDA kernel saving input, weight and a float32 rstd     (cuda_rms_norm)
+                       per row; CPU decomposes, saving float32 copies
 embedding backward     ``native/cuda/Embedding.cu``: over 3072 indices (or     substituted
                        ``scale_grad_by_freq``) sorts them and reduces per      (cuda_embedding)
                        segment: index copies and a float32 per-segment
