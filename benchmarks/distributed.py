@@ -20,7 +20,7 @@ from memcalc.device.batch_search import plan_batch
 from memcalc.pipeline import _prepare
 from tests.fixtures.distributed_truth import (MODELS, PIPELINE_LLAMA, SEQUENCE,
                                               measure_rank_peaks, traced_layout)
-from tests.fixtures.published_distributed import GIB, PUBLISHED_RANKS
+from tests.fixtures.published_distributed import GIB, PUBLISHED_OUTCOMES, PUBLISHED_RANKS
 
 RESULTS = Path(__file__).with_name("results-distributed.md")
 CASES = {
@@ -103,6 +103,19 @@ def main() -> None:
                      f"{case.reserved_bytes / GIB:.1f} GiB | "
                      f"{report.peak_reserved_bytes / GIB:.1f} GiB | {100 * error:+.1f} % | "
                      f"{largest} ({case.ran_batch}) |")
+    lines += ["", "Published outcomes (a local batch that trained, or ran out of memory), with "
+              "memcalc's traced rank at that batch on the card's whole capacity "
+              "(`tests/fixtures/published_distributed.py`):", "",
+              "| job | source | published | memcalc (total per rank) | agrees |",
+              "|---|---|---|---|---|"]
+    for case in PUBLISHED_OUTCOMES:
+        report = _prepare(case.spec, None).device_report(case.spec.batch_size)
+        verdict = "fits" if report.fits else "does not fit"
+        lines.append(f"| {case.name} | {case.source.split(' ')[0]} | "
+                     f"{'ran' if case.ran else 'out of memory'} | "
+                     f"{report.total_bytes / GIB:.1f} GiB of "
+                     f"{case.spec.gpu_memory_bytes / GIB:.2f} GiB: {verdict} | "
+                     f"{'yes' if report.fits is case.ran else 'NO'} |")
     publish(RESULTS, "memcalc distributed-job benchmark", lines)
 
 
