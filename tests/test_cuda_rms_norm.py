@@ -37,10 +37,13 @@ def test_the_fused_kernel_saves_its_input_weight_and_a_float_per_row(call):
     assert composite.grad_fn.name() != y.grad_fn.name()
 
 
-def test_its_output_and_gradients_are_torchs_own():
-    norm = _norm(torch.float32)
-    x = torch.randn(*ROWS, WIDTH, requires_grad=True)
-    expected = F.rms_norm(x, (WIDTH,), norm.weight, 1e-5)
+@pytest.mark.parametrize(("dtype", "eps"), [(torch.float32, 1e-5), (torch.bfloat16, None)],
+                         ids=["float32", "bfloat16, eps by its dtype"])
+def test_its_output_and_gradients_are_torchs_own(dtype, eps):
+    norm = _norm(dtype)
+    norm.eps = eps
+    x = (0.05 * torch.randn(*ROWS, WIDTH)).to(dtype).requires_grad_()  # eps matters here
+    expected = F.rms_norm(x, (WIDTH,), norm.weight, eps)
     expected_grads = torch.autograd.grad(expected.square().sum(), [x, norm.weight])
     with CudaKernelMode():
         y = norm(x)

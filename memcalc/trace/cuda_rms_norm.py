@@ -41,7 +41,7 @@ def _decomposed(input, normalized_shape, weight, eps) -> tuple[torch.Tensor, tor
     """The output and ``rstd``, computed step by step (real tensors only)."""
     dims = tuple(range(-_normalized_dims(normalized_shape), 0))
     wide = input.float()
-    eps = torch.finfo(torch.float32).eps if eps is None else eps
+    eps = torch.finfo(torch.float32).eps if eps is None else eps   # torch's, for half inputs too
     rstd = torch.rsqrt(wide.pow(2).mean(dims, keepdim=True) + eps)
     normalized = wide * rstd
     return (normalized if weight is None else normalized * weight).to(input.dtype), rstd
