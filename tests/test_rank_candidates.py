@@ -117,3 +117,21 @@ def test_the_plan_carries_a_train_script_for_its_recommendation(plan):
     ast.parse(plan.train_script)
     assert f"the plan: {chosen.label} on {chosen.gpus} GPU(s)" in plan.train_script
     assert plan.torchrun in plan.train_script
+
+
+@pytest.mark.slow
+def test_a_layout_whose_traced_row_does_not_fit_has_its_next_fitting_row_traced():
+    # llama_7b on 2 A100s: the pipeline's best closed-form row (mixed precision) does not fit
+    # when traced, while its checkpointed row fits by the closed form (37 × 4 samples, where
+    # the traced rank holds 9 × 4): that row is traced too, not shown as the closed form
+    spec = TrainingSpec(model="llama_7b", gpu="A100-80GB", machine={"cpus": 32,
+                                                                     "ram_bytes": 512 << 30})
+    plan = plan_spec(spec, ClusterSpec())
+    for strategy in WRAPPERS:
+        rows = [c for c in plan.candidates if c.strategy is strategy]
+        traced = [c for c in rows if c.method.startswith(RANK_METHOD)]
+        if traced and not any(c.fits for c in traced):
+            assert not any(c.fits for c in rows if c.gpus <= max(t.gpus for t in traced)), (
+                strategy, [(c.label, c.method[:30], c.fits) for c in rows])
+    pipeline = [c for c in _ranks(plan) if c.strategy is Strategy.PIPELINE]
+    assert any(c.fits for c in pipeline) and any(not c.fits for c in pipeline)

@@ -5,8 +5,9 @@ variant in milliseconds; the ones that matter are then traced for real: the job'
 its ``ParallelSpec`` (``memcalc.distributed``: a fake process group of the job's world size,
 the real DDP / ZeroRedundancyOptimizer / FSDP2 / pipelining wrappers) and its own batch plan.
 What each traces replaces its closed-form row. Traced are: the best row of every layout that
-has a wrapper, then the best row overall until it is a traced one (``ClusterSpec.rank_traces``
-in all), so the recommendation rests on a traced rank.
+has a wrapper (where that rank does not fit, the layout's next row that fits by its closed
+form, in its turn), then the best row overall until it is a traced one
+(``ClusterSpec.rank_traces`` in all), so the recommendation rests on a traced rank.
 
 Known limitations: rows not among those keep their closed form and say so in their method;
 ``nn.DataParallel`` (one process, no rank to trace) and spatial splits (traced on a slab)
@@ -113,9 +114,20 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
         traced, failure = _traced(chosen, context)
         if traced is not None:
             rows[id(chosen)] = traced
+            if not traced.fits and any(s is chosen for s in ahead):
+                ahead += _next_of_layout(screened, chosen, tried, context, given, fits_given)
         if failure:
             failures.append(failure)
     return [rows[id(s)] for s in screened], failures
+
+
+def _next_of_layout(screened: list[Screened], traced: Screened, tried: set[int],
+                    context: PlanContext, given: int, fits_given: bool) -> list[Screened]:
+    """A layout's best row, traced, does not fit: its next row that fits by its closed form
+    (the closed form can be that far off), to be traced in its turn; none where it has none."""
+    untried = [s for s in screened if id(s) not in tried and s.candidate.fits]
+    after = _best_of(untried, traced.candidate.strategy, context)
+    return [after] if after is not None and _worth_a_rank(after, given, fits_given) else []
 
 
 def _first_trials(screened: Screened, context: PlanContext) -> list[TrainingSpec]:
