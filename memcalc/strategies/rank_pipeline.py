@@ -61,9 +61,14 @@ def pipeline_trials(spec: TrainingSpec, screened: Screened,
                     job_batch: int | None) -> list[TrainingSpec]:
     """The trials a pipeline row asks for first, in order: the closed form's microbatch, and
     the job's batch as the microbatch where it is given and differs."""
-    first = first_microbatch(screened)
-    micros = [first] + ([job_batch] if job_batch and job_batch != first else [])
-    return [pipeline_trial(spec, screened, micro) for micro in micros]
+    return [pipeline_trial(spec, screened, micro)
+            for micro in first_trials(first_microbatch(screened), job_batch)]
+
+
+def first_trials(first: int, job: int | None) -> list[int]:
+    """The microbatches a pipeline row is traced at before any halving, in the order asked
+    for (and made ahead): the closed form's, then the job's batch where given and other."""
+    return [first] + ([job] if job and job != first else [])
 
 
 def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext,
@@ -97,9 +102,7 @@ def searched_microbatch(first: int, job: int | None,
     ``micro`` (None where that trace failed) and is asked at ``first``, then at ``job`` (the
     job's batch, where given), then at the halvings of ``first`` while they do not fit
     (``PIPELINE_TRIES`` halvings and first in all), not below a ``job`` that fits."""
-    known = {first: fits(first)}
-    if job and job != first:
-        known[job] = fits(job)
+    known = {micro: fits(micro) for micro in first_trials(first, job)}
     micro = first
     for _ in range(PIPELINE_TRIES - 1):
         if known[micro] or micro == 1:
