@@ -88,18 +88,20 @@ def test_a_pipeline_row_is_traced_at_the_microbatch_that_fits():
     pipeline = next(c for c in _ranks(plan) if c.strategy is Strategy.PIPELINE)
     micro = pipeline.max_batch_size
     assert micro >= 1 and pipeline.per_gpu_peak_bytes <= plan.usable_bytes
-    assert pipeline.accumulation_steps >= 4                  # 1F1B: a microbatch per stage
-    # the row's peak is that rank's, traced on its own with a microbatch per stage
+    steps = pipeline.accumulation_steps
+    assert steps == 8                        # 1F1B: two microbatches per stage, the bubble small
+    # the row's peak is that of the step it shows, traced on its own: its microbatches of
+    # ``micro`` (with one per stage, the first stages' forwards would miss the gradients)
     base = pipeline.label.partition(" + ")[2]
     rank = spec.with_changes(precision="fp16-mixed" if "mixed" in base else "fp32",
                              activation_checkpointing="full" if "checkpointing" in base else None,
-                             gpu=None, gpu_memory_bytes=None, batch_size=4 * micro,
+                             gpu=None, gpu_memory_bytes=None, batch_size=steps * micro,
                              parallel=ParallelSpec(strategy="pipeline", gpus_per_node=4,
                                                    microbatch_size=micro))
     assert estimate(rank).device.total_bytes == pipeline.per_gpu_peak_bytes
-    # at the job's batch (4 per GPU): the rank traced with microbatches of 4, whatever the
-    # microbatch the row found
-    at_job = rank.with_changes(batch_size=16, parallel=rank.parallel.model_copy(
+    # at the job's batch (4 per GPU): the rank traced with as many microbatches of 4, whatever
+    # the microbatch the row found
+    at_job = rank.with_changes(batch_size=steps * 4, parallel=rank.parallel.model_copy(
         update={"microbatch_size": 4}))
     assert pipeline.job_batch_peak_bytes == estimate(at_job).device.total_bytes
 

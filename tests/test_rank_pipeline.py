@@ -2,9 +2,14 @@
 whose microbatches fit up to a known size: which microbatches it traces, in which order, and
 the largest that fits."""
 
+from types import SimpleNamespace
+
 import pytest
 
-from memcalc.strategies.rank_pipeline import PIPELINE_TRIES, searched_microbatch
+from memcalc.distributed.specs import ParallelSpec
+from memcalc.strategies.rank_pipeline import (PIPELINE_TRIES, TRACED_PER_STAGE,
+                                              row_microbatches, searched_microbatch,
+                                              traced_microbatches)
 
 
 def _rank_fitting_up_to(largest: int, failing: tuple[int, ...] = ()):
@@ -51,3 +56,24 @@ def test_a_trial_that_fails_to_trace_is_neither_fitting_nor_a_floor():
     # the job's trial failed: no floor; the halvings go on, and the failed one is not traced again
     assert searched_microbatch(8, 2, fits) == 0
     assert asked == [8, 2, 4]
+
+
+def _screened(closed_form_steps: int):
+    return SimpleNamespace(candidate=SimpleNamespace(accumulation_steps=closed_form_steps))
+
+
+@pytest.mark.parametrize(("schedule", "gpus", "steps", "global_batch", "runs", "traced"), [
+    ("1f1b", 4, 8, None, 8, 8),              # the closed form's two per stage, all traced
+    ("1f1b", 4, 1, None, 4, 4),              # never fewer than one per stage
+    ("1f1b", 4, 8, 40, 20, 8),               # 40 samples of 2: 20, traced up to two per stage
+    ("gpipe", 2, 1, None, 2, 2),             # GPipe's two
+    ("interleaved-1f1b", 2, 4, None, 4, 4),  # two stages per rank: one per stage
+])
+def test_a_pipeline_rank_is_traced_with_the_microbatches_its_row_runs(
+        schedule, gpus, steps, global_batch, runs, traced):
+    parallel = ParallelSpec(strategy="pipeline", gpus_per_node=gpus, pp_schedule=schedule,
+                            microbatch_size=2)
+    count = row_microbatches(parallel, _screened(steps), 2, global_batch)
+    assert count == runs
+    assert traced_microbatches(parallel, count) == traced
+    assert traced <= max(2, TRACED_PER_STAGE * parallel.stages)

@@ -83,7 +83,8 @@ def rank_spec(screened: Screened, context: PlanContext) -> TrainingSpec | None:
     rank = spec.with_changes(parallel=parallel,
                              **({"precision": Precision.FP32} if policy else {}))
     if wrapper is DataParallel.PIPELINE:
-        return pipeline_trial(rank, screened, first_microbatch(screened))
+        return pipeline_trial(rank, screened, first_microbatch(screened),
+                              context.cluster.global_batch)
     return planned_spec(rank)
 
 
@@ -136,7 +137,7 @@ def _first_trials(screened: Screened, context: PlanContext) -> list[TrainingSpec
     spec = rank_spec(screened, context)
     if spec is None or spec.parallel.pp == 1:
         return [spec]
-    return pipeline_trials(spec, screened, context.job_batch)
+    return pipeline_trials(spec, screened, context.job_batch, context.cluster.global_batch)
 
 
 def _best_of(screened: list[Screened], strategy: Strategy, context: PlanContext

@@ -1,11 +1,14 @@
 """A pipeline row traced as one rank: its microbatch size, not its local batch, is searched.
 
 Under 1F1B a rank holds the activations of at most as many microbatches as there are stages,
-so its memory hardly grows with the microbatches of a step and a batch plan over the local
-batch would find no ceiling. The lever is the microbatch size: the rank is traced at the
-closed form's microbatch with one microbatch per stage, halving the microbatch while it does
-not fit (``PIPELINE_TRIES`` traces at most); the step is timed with the closed form's
-microbatch count (2 × stages, or what the global batch needs).
+but not the same bytes whatever the microbatches of a step: from the microbatch after the
+warm-up on, the first stages run a forward while the gradients of the earlier backwards exist
+(on LLaMA 7B over 2 GPUs with checkpointing, 4 microbatches of 9 need 79.4 GiB where 2 need
+75.5 GiB), and torch's stages allocate receive buffers for every microbatch of the step. So the
+rank is traced with the microbatches its row runs (``row_microbatches``: the closed form's
+count, two per stage, or what the global batch needs; at most ``TRACED_PER_STAGE`` per stage),
+and the lever searched is the microbatch size: the rank is traced at the closed form's
+microbatch, halving it while it does not fit (``PIPELINE_TRIES`` traces at most).
 
 Where the job's batch is given, the rank is also traced with microbatches of that batch per GPU
 (asked for beside the first trial, so another process can make it meanwhile): the row's peak at
@@ -13,9 +16,11 @@ the job's batch, and a microbatch known to fit or not that the halving need not 
 The row's microbatch is the largest traced one that fits.
 
 Known limitations: a microbatch that fits is not grown past the closed form's (or the job's
-batch, where larger); GPipe (which holds every microbatch) is traced with two; the traces run
-without the card's own settings (the crop search's way: the total against the usable bytes,
-not the allocator replayed at capacity); activation transfers between stages are not modelled.
+batch, where larger); past ``TRACED_PER_STAGE`` microbatches per stage (a global batch that
+needs more) the receive buffers of the rest are not traced, and the row says so; the traces
+run without the card's own settings (the crop search's way: the total against the usable
+bytes, not the allocator replayed at capacity); activation transfers between stages are not
+modelled.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from memcalc.strategies.candidates import Batching, scheduled_candidate
 from memcalc.units import format_bytes
 
 if TYPE_CHECKING:
+    from memcalc.distributed.specs import ParallelSpec
     from memcalc.report.models import Report
     from memcalc.specs import TrainingSpec
     from memcalc.strategies.candidates import PlanContext
@@ -35,21 +41,38 @@ if TYPE_CHECKING:
     from memcalc.strategies.report import Candidate
 
 PIPELINE_TRIES = 3
+TRACED_PER_STAGE = 2
+"""A pipeline rank is traced with at most this many microbatches per stage (the closed
+form's count); a step of more adds only receive buffers to a 1F1B rank."""
 
 
-def pipeline_trial(spec: TrainingSpec, screened: Screened, micro: int) -> TrainingSpec:
-    """One rank of the pipeline at microbatch ``micro``, with as few microbatches as its
-    schedule runs: a 1F1B rank holds no more microbatches in flight than there are stages,
-    so the closed form's count (timed) adds steps to the trace, not bytes to its peak."""
+def pipeline_trial(spec: TrainingSpec, screened: Screened, micro: int,
+                   global_batch: int | None) -> TrainingSpec:
+    """One rank of the pipeline at microbatch ``micro``, with the microbatches its row runs
+    (``row_microbatches``, at most ``TRACED_PER_STAGE`` per stage)."""
     parallel = spec.parallel.model_copy(update={"microbatch_size": micro})
-    return spec.with_changes(parallel=parallel, batch_size=micro * _traced_microbatches(spec),
+    count = traced_microbatches(parallel, row_microbatches(parallel, screened, micro,
+                                                           global_batch))
+    return spec.with_changes(parallel=parallel, batch_size=micro * count,
                              gpu=None, gpu_memory_bytes=None)
 
 
-def _traced_microbatches(spec: TrainingSpec) -> int:
-    """Microbatches a pipeline rank is traced with: one per stage (1F1B's fewest, its most in
-    flight), two for GPipe, which holds them all (its peak grows with every one)."""
-    return max(2, spec.parallel.min_microbatches)
+def row_microbatches(parallel: ParallelSpec, screened: Screened, micro: int,
+                     global_batch: int | None) -> int:
+    """Microbatches a step of the row at ``micro`` runs: the closed form's count (two per
+    stage, which keeps the bubble small), at least the fewest the schedule runs (two for
+    GPipe), or what ``global_batch`` needs."""
+    needed = -(-global_batch // (max(micro, 1) * parallel.dp)) if global_batch else 1
+    return max(screened.candidate.accumulation_steps, _fewest(parallel), needed)
+
+
+def traced_microbatches(parallel: ParallelSpec, count: int) -> int:
+    """Of a step's ``count`` microbatches, those the rank is traced with."""
+    return min(count, max(_fewest(parallel), TRACED_PER_STAGE * parallel.stages))
+
+
+def _fewest(parallel: ParallelSpec) -> int:
+    return max(2, parallel.min_microbatches)
 
 
 def first_microbatch(screened: Screened) -> int:
@@ -57,11 +80,11 @@ def first_microbatch(screened: Screened) -> int:
     return max(1, screened.candidate.max_batch_size)
 
 
-def pipeline_trials(spec: TrainingSpec, screened: Screened,
-                    job_batch: int | None) -> list[TrainingSpec]:
+def pipeline_trials(spec: TrainingSpec, screened: Screened, job_batch: int | None,
+                    global_batch: int | None) -> list[TrainingSpec]:
     """The trials a pipeline row asks for first, in order: the closed form's microbatch, and
     the job's batch as the microbatch where it is given and differs."""
-    return [pipeline_trial(spec, screened, micro)
+    return [pipeline_trial(spec, screened, micro, global_batch)
             for micro in first_trials(first_microbatch(screened), job_batch)]
 
 
@@ -82,7 +105,8 @@ def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext
     def fits(micro: int) -> bool | None:
         if micro not in traced:
             try:
-                traced[micro] = context.estimator.report(pipeline_trial(spec, screened, micro))
+                traced[micro] = context.estimator.report(
+                    pipeline_trial(spec, screened, micro, context.cluster.global_batch))
             except MemcalcError as error:
                 if not traced:          # the first trial: the row cannot be traced
                     raise
@@ -123,14 +147,15 @@ def _candidate(screened: Screened, report: Report, context: PlanContext, method:
     ``notes``: the trials that could not be traced."""
     parallel = report.spec.parallel
     traced = report.spec.batch_size // parallel.microbatch_size
-    global_batch = context.cluster.global_batch
-    microbatches = max(screened.candidate.accumulation_steps, traced,
-                       -(-global_batch // (max(micro, 1) * parallel.dp)) if global_batch else 1)
+    microbatches = row_microbatches(parallel, screened, micro, context.cluster.global_batch)
+    untraced = ([f"a step runs {microbatches} microbatches: the receive buffers torch's stage "
+                 f"allocates for the {microbatches - traced} past the traced ones are not "
+                 "counted"] if microbatches > traced else [])
     notes = [f"one rank of {parallel.describe()} traced with the real wrappers in a fake "
              f"process group: {format_bytes(report.device.total_bytes)} with {traced} "
              f"microbatches of {parallel.microbatch_size} (the rank of its largest stage; the "
-             "card's settings left out, its total against the usable memory); timed with "
-             f"{microbatches} microbatches a step", *notes]
+             "card's settings left out, its total against the usable memory)", *untraced,
+             *notes]
     return scheduled_candidate(
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=Batching(micro, microbatches, micro * microbatches * parallel.dp),
