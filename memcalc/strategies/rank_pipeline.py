@@ -8,12 +8,16 @@ warm-up on, the first stages run a forward while the gradients of the earlier ba
 rank is traced with the microbatches its row runs (``row_microbatches``: the closed form's
 count, two per stage, or what the global batch needs; at most ``TRACED_PER_STAGE`` per stage),
 and the lever searched is the microbatch size: the rank is traced at the closed form's
-microbatch, halving it while it does not fit (``PIPELINE_TRIES`` traces at most).
+microbatch and, while it does not fit, where the line through two traced microbatches reaches
+the usable bytes (half the microbatch while only one is traced; ``PIPELINE_TRIES`` traces at
+most, the last at a microbatch of 1 where none fits yet). The closed form can be 4x off (on
+LLaMA 7B over 2 GPUs with mixed precision and checkpointing its microbatch is 37, where 4 fit
+and 7 do not): halving from there would find none.
 
 Where the job's batch is given, the rank is also traced with microbatches of that batch per GPU
 (asked for beside the first trial, so another process can make it meanwhile): the row's peak at
-the job's batch, and a microbatch known to fit or not that the halving need not trace again.
-The row's microbatch is the largest traced one that fits.
+the job's batch, and a point of the search's line. The row's microbatch is the largest traced
+one that fits.
 
 Known limitations: a microbatch that fits is not grown past the closed form's (or the job's
 batch, where larger); past ``TRACED_PER_STAGE`` microbatches per stage (a global batch that
@@ -25,6 +29,7 @@ modelled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -40,7 +45,7 @@ if TYPE_CHECKING:
     from memcalc.strategies.rank_candidates import Screened
     from memcalc.strategies.report import Candidate
 
-PIPELINE_TRIES = 3
+PIPELINE_TRIES = 4
 TRACED_PER_STAGE = 2
 """A pipeline rank is traced with at most this many microbatches per stage (the closed
 form's count); a step of more adds only receive buffers to a 1F1B rank."""
@@ -97,12 +102,12 @@ def first_trials(first: int, job: int | None) -> list[int]:
 def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext,
                     method: str) -> Candidate:
     """The pipeline row at the largest traced microbatch whose rank fits: of the closed
-    form's, its halvings and the job's batch (0: not even a microbatch of one)."""
+    form's, the job's batch and the search's guesses (0: not even a microbatch of one)."""
     usable = screened.base.report.device.plan.usable_bytes
     traced: dict[int, Report] = {}
     notes: list[str] = []
 
-    def fits(micro: int) -> bool | None:
+    def peak_of(micro: int) -> int | None:
         if micro not in traced:
             try:
                 traced[micro] = context.estimator.report(
@@ -112,31 +117,60 @@ def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext
                     raise
                 notes.append(f"not traced with microbatches of {micro}: {error}")
                 return None
-        return traced[micro].device.total_bytes <= usable
+        return traced[micro].device.total_bytes
 
-    best = searched_microbatch(first_microbatch(screened), context.job_batch, fits)
+    best = searched_microbatch(first_microbatch(screened), context.job_batch, peak_of, usable)
     at_job = traced.get(context.job_batch)      # None where no batch was given
     return _candidate(screened, traced[best or min(traced)], context, method, best,
                       at_job.device.total_bytes if at_job else None, notes)
 
 
-def searched_microbatch(first: int, job: int | None,
-                        fits: Callable[[int], bool | None]) -> int:
-    """The largest microbatch found to fit (0: none): ``fits(micro)`` traces the rank at
-    ``micro`` (None where that trace failed) and is asked at ``first``, then at ``job`` (the
-    job's batch, where given), then at the halvings of ``first`` while they do not fit
-    (``PIPELINE_TRIES`` halvings and first in all), not below a ``job`` that fits."""
-    known = {micro: fits(micro) for micro in first_trials(first, job)}
-    micro = first
-    for _ in range(PIPELINE_TRIES - 1):
-        if known[micro] or micro == 1:
+def searched_microbatch(first: int, job: int | None, peak_of: Callable[[int], int | None],
+                        usable: int) -> int:
+    """The largest microbatch found to fit in ``usable`` bytes (0: none). ``peak_of(micro)``
+    traces the rank at ``micro`` (None where that trace failed); it is asked at ``first``,
+    then at ``job`` (the job's batch, where given), then, while a traced microbatch does not
+    fit and no larger one is known to fit below it, at ``next_microbatch``'s guess
+    (``PIPELINE_TRIES`` trials and first in all; the last at 1 where none fits yet: a
+    rank's total is not quite affine in its microbatch, as the allocator's reserve varies)."""
+    peaks = {micro: peak_of(micro) for micro in first_trials(first, job)}
+    for trial in range(1, PIPELINE_TRIES):
+        micro = next_microbatch(peaks, usable, first)
+        if micro is None:
             break
-        micro = max(1, micro // 2)
-        if known.get(job) and micro <= job:
-            break                       # the job's microbatch fits: no smaller one is needed
-        if micro not in known:
-            known[micro] = fits(micro)
-    return max((size for size, fitting in known.items() if fitting), default=0)
+        if trial == PIPELINE_TRIES - 1 and not _fitting(peaks, usable) and 1 not in peaks:
+            micro = 1                   # "none fits" is said of a microbatch of 1 only
+        peaks[micro] = peak_of(micro)
+    return max(_fitting(peaks, usable), default=0)
+
+
+def _fitting(peaks: dict[int, int | None], usable: int) -> list[int]:
+    return [micro for micro, peak in peaks.items() if peak is not None and peak <= usable]
+
+
+def next_microbatch(peaks: dict[int, int | None], usable: int, most: int) -> int | None:
+    """The microbatch to trace next, or None where none is worth it: between the largest
+    known to fit and the smallest known not to (up to ``most``), where the line through the
+    two traced peaks nearest that bound reaches ``usable`` (a rank's bytes grow by about the
+    same per sample of a microbatch), else half of that bound; never one traced already."""
+    traced = {micro: peak for micro, peak in peaks.items() if peak is not None}
+    over = [micro for micro, peak in traced.items() if peak > usable and micro <= most]
+    if not over:
+        return None
+    ceiling = min(over)
+    floor = max((micro for micro, peak in traced.items() if peak <= usable), default=0)
+    below = sorted(micro for micro in traced if micro < ceiling)
+    guess = ceiling // 2
+    if below or len(over) > 1:
+        other = below[-1] if below else sorted(over)[1]
+        slope = (traced[other] - traced[ceiling]) / (other - ceiling)
+        if slope > 0:
+            guess = ceiling - math.ceil((traced[ceiling] - usable) / slope)
+    if guess <= floor:
+        return None                     # the line leaves nothing above the known fit
+    untried = [micro for micro in range(min(max(guess, floor + 1), ceiling - 1), floor, -1)
+               if micro not in peaks]
+    return untried[0] if untried else None
 
 
 def _candidate(screened: Screened, report: Report, context: PlanContext, method: str,
