@@ -24,6 +24,7 @@ from memcalc.isolation import DEFAULT_TIMEOUT_S, estimate_isolated
 from memcalc.model.source import model_reference, resolve_model
 from memcalc.pipeline import BatchSearch
 from memcalc.pipeline import estimate as estimate_spec
+from memcalc.pipeline import planner_estimate
 from memcalc.pipeline import training_step_flops
 from memcalc.progress import announce
 from memcalc.report.assumptions import TRACE_FAILED_PREFIX
@@ -158,9 +159,7 @@ def pipeline_estimator(on_variant: Callable[[TrainingSpec], None] | None = None,
     """The strategy planner's estimator for one plan: the pipeline's reports, each spec's
     made once (``ReportCache``; torchinfo's tables shared across the variants) and, with a
     ``pool`` of workers, independent ones made at once; FLOPs; the model on the meta device."""
-    # the planner reads each spec's own step (a crop's is traced without a GPU named): no
-    # common-card search
-    report = partial(estimate_spec, layer_tables={}, card_fits=False)
+    report = partial(planner_estimate, layer_tables={})
     if on_variant is not None:
         report = partial(_announced, report, on_variant)
     workers = pool is not None and pool.workers > 0

@@ -94,6 +94,16 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
                                          "validation_host": validation.host})
 
 
+def planner_estimate(spec: TrainingSpec, layer_tables: dict[str, tuple]) -> Report:
+    """A report as the strategy planner asks for it, in its process or a worker: no
+    common-card search (it reads each spec's own step); a spec with a batch size is that
+    batch's own (one trace: a pipeline rank's microbatch trial, replayed at the card's
+    capacity), one without has its batch planned."""
+    return estimate(spec, layer_tables=layer_tables, card_fits=False,
+                    batch_search=BatchSearch.SEARCHED if spec.batch_size is None
+                    else BatchSearch.NONE)
+
+
 def _estimate(spec: TrainingSpec, progress: Progress | None,
               layer_tables: dict[str, tuple] | None, card_fits: bool,
               batch_search: BatchSearch = BatchSearch.SEARCHED,

@@ -291,5 +291,5 @@ _WORKER_TABLES: dict[str, tuple] = {}
 
 
 def _worker_report(spec: TrainingSpec) -> Report:
-    from memcalc.pipeline import estimate
-    return estimate(spec, layer_tables=_WORKER_TABLES, card_fits=False)   # as the planner's own
+    from memcalc.pipeline import planner_estimate
+    return planner_estimate(spec, _WORKER_TABLES)       # as the planner's own

@@ -6,8 +6,9 @@ its ``ParallelSpec`` (``memcalc.distributed``: a fake process group of the job's
 the real DDP / ZeroRedundancyOptimizer / FSDP2 / pipelining wrappers) and its own batch plan.
 What each traces replaces its closed-form row. Traced are: the best row of every layout that
 has a wrapper (where that rank does not fit, the layout's next row that fits by its closed
-form, in its turn), then the best row overall until it is a traced one
-(``ClusterSpec.rank_traces`` in all), so the recommendation rests on a traced rank.
+form, in its turn), then the best row overall until it is a traced one, so the recommendation
+rests on a traced rank, then closed-form rows shown above a traced row of their own layout
+(``ClusterSpec.rank_traces`` in all).
 
 Known limitations: rows not among those keep their closed form and say so in their method;
 ``nn.DataParallel`` (one process, no rank to trace) and spatial splits (traced on a slab)
@@ -109,6 +110,8 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
             leader = min(others + list(rows.values()), key=lambda c: rank_key(c, context.cluster))
             waiting = [s for s in screened if s.candidate is leader and id(s) not in tried]
         if not waiting:
+            waiting = _above_a_traced_row(screened, rows, tried, context, given, fits_given)
+        if not waiting:
             break
         chosen = waiting[0]
         tried.add(id(chosen))
@@ -129,6 +132,24 @@ def _next_of_layout(screened: list[Screened], traced: Screened, tried: set[int],
     untried = [s for s in screened if id(s) not in tried and s.candidate.fits]
     after = _best_of(untried, traced.candidate.strategy, context)
     return [after] if after is not None and _worth_a_rank(after, given, fits_given) else []
+
+
+def _above_a_traced_row(screened: list[Screened], rows: dict[int, Candidate], tried: set[int],
+                        context: PlanContext, given: int, fits_given: bool) -> list[Screened]:
+    """The best closed-form row that fits and is shown above a traced row of its own layout
+    (the closed form can be 4x off, and two rows of one layout must not disagree so), to be
+    traced in its turn; none where there is none."""
+    def key(candidate: Candidate):
+        return rank_key(candidate, context.cluster)
+
+    traced = [rows[id(s)] for s in screened if id(s) in tried
+              and rows[id(s)].method.startswith(RANK_METHOD)]
+    above = [s for s in screened if id(s) not in tried and s.candidate.fits
+             and s.base.report.device.method == "traced"
+             and any(t.strategy is s.candidate.strategy and key(s.candidate) < key(t)
+                     for t in traced)
+             and _worth_a_rank(s, given, fits_given)]
+    return sorted(above, key=lambda s: key(s.candidate))[:1]
 
 
 def _first_trials(screened: Screened, context: PlanContext) -> list[TrainingSpec]:

@@ -21,10 +21,8 @@ one that fits.
 
 Known limitations: a microbatch that fits is not grown past the closed form's (or the job's
 batch, where larger); past ``TRACED_PER_STAGE`` microbatches per stage (a global batch that
-needs more) the receive buffers of the rest are not traced, and the row says so; the traces
-run without the card's own settings (the crop search's way: the total against the usable
-bytes, not the allocator replayed at capacity); activation transfers between stages are not
-modelled.
+needs more) the receive buffers of the rest are not traced, and the row says so; activation
+transfers between stages are not modelled.
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ def pipeline_trial(spec: TrainingSpec, screened: Screened, micro: int,
     parallel = spec.parallel.model_copy(update={"microbatch_size": micro})
     count = traced_microbatches(parallel, row_microbatches(parallel, screened, micro,
                                                            global_batch))
-    return spec.with_changes(parallel=parallel, batch_size=micro * count,
-                             gpu=None, gpu_memory_bytes=None)
+    return spec.with_changes(parallel=parallel, batch_size=micro * count)
 
 
 def row_microbatches(parallel: ParallelSpec, screened: Screened, micro: int,
@@ -187,8 +184,7 @@ def _candidate(screened: Screened, report: Report, context: PlanContext, method:
                  "counted"] if microbatches > traced else [])
     notes = [f"one rank of {parallel.describe()} traced with the real wrappers in a fake "
              f"process group: {format_bytes(report.device.total_bytes)} with {traced} "
-             f"microbatches of {parallel.microbatch_size} (the rank of its largest stage; the "
-             "card's settings left out, its total against the usable memory)", *untraced,
+             f"microbatches of {parallel.microbatch_size} (the rank of its largest stage)", *untraced,
              *notes]
     return scheduled_candidate(
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
