@@ -5,6 +5,7 @@ from collections import Counter
 import pytest
 
 import memcalc.api
+import memcalc.pipeline
 import memcalc.prepared_step
 from memcalc.api import plan_spec
 from memcalc.strategies import ClusterSpec, Strategy
@@ -46,7 +47,7 @@ def test_a_failure_is_not_kept():
 def traced(monkeypatch):
     """Every (spec, batch shape) the plan traces, and every spec it estimates."""
     record = {"traces": [], "estimates": []}
-    estimate, trace = memcalc.api.estimate_spec, memcalc.prepared_step.trace_training_step
+    estimate, trace = memcalc.pipeline.estimate, memcalc.prepared_step.trace_training_step
 
     def counted_estimate(spec, *args, **kwargs):
         record["estimates"].append(spec_key(spec))
@@ -57,6 +58,7 @@ def traced(monkeypatch):
         return trace(setup)
 
     monkeypatch.setattr(memcalc.api, "estimate_spec", counted_estimate)
+    monkeypatch.setattr(memcalc.pipeline, "estimate", counted_estimate)   # the planner's
     monkeypatch.setattr(memcalc.prepared_step, "trace_training_step", counted_trace)
     return record
 
