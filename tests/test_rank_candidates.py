@@ -9,7 +9,8 @@ from memcalc.distributed.specs import DataParallel, ParallelSpec
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, Strategy
-from memcalc.strategies.rank_candidates import RANK_METHOD, WRAPPERS
+from memcalc.strategies.rank_candidates import (FAR_OFF, RANK_METHOD, WRAPPERS, Screened,
+                                                closed_forms_found_off)
 from memcalc.strategies.specs import DEFAULT_RANK_TRACES
 
 MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
@@ -107,6 +108,26 @@ def test_a_pipeline_row_is_traced_at_the_microbatch_that_fits():
     assert pipeline.job_batch_peak_bytes == estimate(at_job).device.total_bytes
 
 
+def _row(label, micro, steps, method="derived from base"):
+    from types import SimpleNamespace
+    return SimpleNamespace(strategy=Strategy.PIPELINE, label=label, max_batch_size=micro,
+                           accumulation_steps=steps, fits=micro > 0, method=method)
+
+
+def test_a_layout_whose_traced_rank_fits_far_fewer_samples_flags_its_derived_rows():
+    closed = [_row("pipeline + ckpt", 37, 4), _row("pipeline", 21, 4)]
+    screened = [Screened(c, None, None, None) for c in closed]
+    traced = _row("pipeline + ckpt", 1, 4, f"{RANK_METHOD} (2 ranks)")
+    [line] = closed_forms_found_off(screened, {id(screened[0]): traced,
+                                               id(screened[1]): closed[1]})
+    assert "traced as a rank, pipeline + ckpt fits 1 × 4 per GPU where it said 37 × 4" in line
+    # off by less than FAR_OFF, or nothing left derived: no line
+    near = _row("pipeline + ckpt", -(-37 // FAR_OFF), 4, f"{RANK_METHOD} (2 ranks)")
+    assert not closed_forms_found_off(screened, {id(screened[0]): near,
+                                                 id(screened[1]): closed[1]})
+    assert not closed_forms_found_off(screened[:1], {id(screened[0]): traced})
+
+
 def test_no_rank_is_traced_when_none_is_asked_for_and_the_plan_says_so():
     plan = plan_spec(JOB, ClusterSpec(gpus_per_node=4, rank_traces=0))
     assert not _ranks(plan)
@@ -144,3 +165,6 @@ def test_a_layouts_closed_form_rows_are_never_shown_above_its_traced_ones():
     pipeline = [c for c in _ranks(plan) if c.strategy is Strategy.PIPELINE]
     checkpointed = next(c for c in pipeline if "checkpointing" in c.label)
     assert 1 <= checkpointed.max_batch_size < 9
+    # the pipeline rows left derived are flagged: its closed form was found that far off
+    assert any(a.startswith("pipeline's closed form was optimistic here") for a in
+               plan.assumptions)

@@ -53,6 +53,9 @@ at the all-gather, fp32 sharded master weights), not autocast."""
 NEAR_FIT = 1.25
 """A layout's best closed-form row that does not fit is still traced within this factor of
 the usable memory at batch 1 (the closed form can be that far off)."""
+FAR_OFF = 2
+"""A layout whose traced rank fits fewer than 1/FAR_OFF of the samples its closed form said
+has its remaining closed-form rows flagged in the plan's assumptions."""
 RANK_METHOD = "traced rank"
 """How a traced rank's candidate says it was obtained (``Candidate.method`` starts so)."""
 
@@ -122,7 +125,36 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
                 ahead += _next_of_layout(screened, chosen, tried, context, given, fits_given)
         if failure:
             failures.append(failure)
-    return [rows[id(s)] for s in screened], failures
+    return [rows[id(s)] for s in screened], failures + closed_forms_found_off(screened, rows)
+
+
+def closed_forms_found_off(screened: list[Screened], rows: dict[int, Candidate]) -> list[str]:
+    """A line per layout whose rows, traced as ranks, fit fewer samples than their closed
+    form said, where closed-form rows of it are left in the table: those may be as far off."""
+    lines = []
+    for strategy in WRAPPERS:
+        pairs = [(s.candidate, rows[id(s)]) for s in screened
+                 if s.candidate.strategy is strategy]
+        off = [(closed, traced) for closed, traced in pairs
+               if traced.method.startswith(RANK_METHOD) and closed.fits
+               and FAR_OFF * _samples(traced) < _samples(closed)]
+        if off and any(closed is traced for closed, traced in pairs):
+            closed, traced = min(off, key=lambda pair: _samples(pair[1]) / _samples(pair[0]))
+            found = (f"fits {_batch(traced)} per GPU" if traced.fits else "does not fit")
+            lines.append(f"{strategy.value}'s closed form was optimistic here: traced as a "
+                         f"rank, {traced.label} {found} where it said {_batch(closed)}; its "
+                         "rows still derived (how 'derive') may be as far off")
+    return lines
+
+
+def _samples(candidate: Candidate) -> int:
+    return max(candidate.max_batch_size, 0) * candidate.accumulation_steps
+
+
+def _batch(candidate: Candidate) -> str:
+    steps = candidate.accumulation_steps
+    return (f"{candidate.max_batch_size} × {steps}" if steps > 1
+            else str(max(candidate.max_batch_size, 0)))
 
 
 def _next_of_layout(screened: list[Screened], traced: Screened, tried: set[int],
