@@ -152,8 +152,8 @@ def main() -> None:
 def distributed_lines(cli: list[str]) -> list[str]:
     """Multi-GPU jobs: the plan (ranks traced) against one estimate of the job on one GPU,
     one fresh process each."""
-    lines = ["", "Multi-GPU jobs: `memcalc plan … --gpus 8` traces each layout's best row and "
-             "its leader as one rank of the job (fake process group, real wrappers), against "
+    lines = ["", "Multi-GPU jobs: `memcalc plan … --gpus 8` traces each layout's best row, "
+             "its leader and closed-form rows above a traced row of their layout as one rank of the job (fake process group, real wrappers), against "
              "`memcalc estimate` of the job on one GPU; one fresh process each (load average "
              f"{load()} at the start).", "",
              "| job | estimate s | plan s | plan / estimate | target |", "|---|---:|---:|---:|---|"]
