@@ -44,10 +44,13 @@ def test_the_row_takes_the_largest_traced_microbatch_that_fits(first, job, fixed
     assert len(set(asked)) == len(asked)                       # nothing traced twice
 
 
-def test_the_search_stops_where_the_line_leaves_no_microbatch_that_fits():
+def test_where_the_line_leaves_no_microbatch_that_fits_one_of_1_is_traced_last():
     peak_of, asked = _rank(USABLE + 1, 10)                      # not even a microbatch of 1
     assert searched_microbatch(64, None, peak_of, USABLE) == 0
-    assert asked == [64, 32]
+    assert asked == [64, 32, 1]
+    peak_of, asked = _rank(USABLE - 15, 10)                     # 1 fits, 2 does not
+    assert searched_microbatch(64, None, peak_of, USABLE) == 1
+    assert asked == [64, 32, 1]
 
 
 def test_the_search_stops_after_its_tries_the_last_at_a_microbatch_of_1():

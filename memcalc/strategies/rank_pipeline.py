@@ -128,15 +128,17 @@ def searched_microbatch(first: int, job: int | None, peak_of: Callable[[int], in
     traces the rank at ``micro`` (None where that trace failed); it is asked at ``first``,
     then at ``job`` (the job's batch, where given), then, while a traced microbatch does not
     fit and no larger one is known to fit below it, at ``next_microbatch``'s guess
-    (``PIPELINE_TRIES`` trials and first in all; the last at 1 where none fits yet: a
-    rank's total is not quite affine in its microbatch, as the allocator's reserve varies)."""
+    (``PIPELINE_TRIES`` trials and first in all), at 1 where none fits yet and the guesses
+    are spent or the line leaves none: a rank's total is not quite affine in its microbatch,
+    as the allocator's reserve varies."""
     peaks = {micro: peak_of(micro) for micro in first_trials(first, job)}
     for trial in range(1, PIPELINE_TRIES):
         micro = next_microbatch(peaks, usable, first)
+        if (micro is None or trial == PIPELINE_TRIES - 1) and not _fitting(peaks, usable) \
+                and 1 not in peaks:
+            micro = 1                   # "none fits" is said of a microbatch of 1 only
         if micro is None:
             break
-        if trial == PIPELINE_TRIES - 1 and not _fitting(peaks, usable) and 1 not in peaks:
-            micro = 1                   # "none fits" is said of a microbatch of 1 only
         peaks[micro] = peak_of(micro)
     return max(_fitting(peaks, usable), default=0)
 
