@@ -14,6 +14,7 @@ from memcalc.strategies.candidates import PlanContext, Sized, single_gpu_candida
 from memcalc.strategies.crop import largest_fitting_sample
 from memcalc.strategies.launch import launch_files
 from memcalc.strategies.rank_candidates import Screened, trace_ranks
+from memcalc.strategies.rank_pipeline import PIPELINE_TRIES
 from memcalc.device.cuda_overheads import NCCL_COMMUNICATOR_BYTES, NCCL_SOURCE
 from memcalc.device.speed import HOST_SECONDS_PER_OP
 from memcalc.strategies.ranking import TIE_SHARE, rank_key
@@ -305,8 +306,9 @@ def _assumptions(cluster: ClusterSpec, model: nn.Module, not_splittable: str | N
         "fully_shard per repeated block plus the root (ZeRO-2 without resharding after "
         "forward; mixed precision as its MixedPrecisionPolicy(param_dtype=bfloat16 or float16, "
         "reduce_dtype=float32), not autocast), pipeline = torch.distributed.pipelining's 1F1B "
-        "over stages split at the repeated blocks, at the closed form's microbatch halved "
-        "until the rank fits; closed-form FSDP rows gather two units at once",
+        "over stages split at the repeated blocks, with two microbatches per stage, its "
+        "microbatch searched from the closed form's down to one that fits (at most "
+        f"{PIPELINE_TRIES} traces); closed-form FSDP rows gather two units at once",
         f"NCCL's buffers: {format_bytes(NCCL_COMMUNICATOR_BYTES)} per communicator of a rank's "
         f"mesh (data parallel, tensor parallel, pipeline sends), outside the allocator "
         f"({NCCL_SOURCE}); DDP's first-iteration bucket rebuild and the time of pipeline "

@@ -91,7 +91,7 @@ def pipeline_trials(spec: TrainingSpec, screened: Screened, job_batch: int | Non
 
 
 def first_trials(first: int, job: int | None) -> list[int]:
-    """The microbatches a pipeline row is traced at before any halving, in the order asked
+    """The microbatches a pipeline row is traced at before any search, in the order asked
     for (and made ahead): the closed form's, then the job's batch where given and other."""
     return [first] + ([job] if job and job != first else [])
 
