@@ -28,7 +28,7 @@ from memcalc.process_defaults import caller_process_kept
 from memcalc.trace._torch_internals import dataloader_signals_kept
 from memcalc.errors import InputError
 from memcalc.feed.model import slow_handover_warning, utilization
-from memcalc.host.handover import Handover, median_take, time_handover
+from memcalc.host.handover import Handover, busy_receive_s, idle_receive_s, median_take
 from memcalc.host.machine import OtherLoad
 from memcalc.host.wake_latency import spin, wake_wait_s
 from memcalc.model.user_code import load_dataset
@@ -39,7 +39,8 @@ COST_BATCHES = 6
 BUILD_BATCHES = 18
 """Batches the main process builds, timed alone, right before the 0-worker run's timed ones."""
 RECEIVE_BATCHES = 6
-"""Batches taken from idle workers, timed, before a run with workers times its batches."""
+"""Batches taken from idle workers, timed, right before a run with workers
+(``host.handover.idle_receive_s``, a loader of the run's worker count)."""
 
 
 class Consumer(NamedTuple):
@@ -54,14 +55,16 @@ CONSUMERS = {"sleep": Consumer(time.sleep, 0.0), "spin": Consumer(spin, 1.0)}
 
 
 def handover(dataset, batch_size: int, worker_batch_s: float) -> Handover:
-    """Timed on one worker after WARMUP_BATCHES + 1 untimed batches, COST_BATCHES times,
-    each after three of the worker's batch times (its two prefetched batches ready)."""
+    """On one worker: from the idle worker (``idle_receive_s``, COST_BATCHES takes), and from
+    the worker building its next batch after WARMUP_BATCHES + 1 untimed batches, COST_BATCHES
+    times, each after three of the worker's batch times (its two prefetched batches ready)."""
+    idle = idle_receive_s(dataset, batch_size, 1, worker_batch_s, COST_BATCHES)
     iterator = iter(DataLoader(dataset, batch_size=batch_size, num_workers=1, prefetch_factor=2))
     for _ in range(WARMUP_BATCHES + 1):
         next(iterator)
-    timed = time_handover(iterator, 3 * worker_batch_s + 0.005, COST_BATCHES, worker_batch_s / 4)
+    busy = busy_receive_s(iterator, 3 * worker_batch_s + 0.005, COST_BATCHES, worker_batch_s / 4)
     del iterator
-    return timed
+    return Handover(idle, busy)
 
 
 class FeedRow(BaseModel):
@@ -75,7 +78,7 @@ class FeedRow(BaseModel):
     the CPUs with them."""
     receive_s: float | None = None
     """With workers: the main process's time to take a batch from an idle worker, timed on
-    this count's loader before its run (``Run.receive_s``), what its prediction uses."""
+    this count's workers right before its run (``Run.receive_s``), what its prediction uses."""
 
 
 class FeedCheck(BaseModel):
@@ -121,26 +124,24 @@ class Run(NamedTuple):
     mapping fresh pages for them moved it between 12 and 27 ms from process to process)."""
     receive_s: float | None
     """With workers: the main process's time to take a batch from an idle worker, the median
-    of RECEIVE_BATCHES on the same loader before the timed batches (a separate loader's
-    moved between 4.1 and 5.8 ms for the 3D volumes from check to check)."""
+    of RECEIVE_BATCHES taken back to back from as many workers right before the run
+    (``host.handover.idle_receive_s``: taken after a wait, the same batches cost 5-10 times
+    more on this virtual machine)."""
 
 
 def measured_utilization(dataset, batch_size: int, workers: int, step_s: float,
                          batches: int, consumer: str = "sleep", worker_batch_s: float = 0.0
                          ) -> Run:
     """The simulated GPU (one step per batch) after warm-up, on a real DataLoader.
-    ``worker_batch_s``: a worker's time per batch, to wait before each timed take."""
+    ``worker_batch_s``: a worker's time per batch, how long the idle receive waits."""
     step = CONSUMERS[consumer].step
+    receive_s = (idle_receive_s(dataset, batch_size, workers, worker_batch_s, RECEIVE_BATCHES)
+                 if workers else None)
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, shuffle=False)
     iterator = iter(loader)
     steps = partial(_steps, iterator, step, step_s)
     steps(WARMUP_BATCHES + workers)     # worker start-up and queue fill
-    build_s = receive_s = None
-    if workers == 0:
-        build_s = median_take(iterator, BUILD_BATCHES)
-    else:
-        receive_s = median_take(iterator, RECEIVE_BATCHES, 3 * worker_batch_s + 0.005)
-        steps(workers)                  # the queue filled again
+    build_s = median_take(iterator, BUILD_BATCHES) if workers == 0 else None
     with OtherLoad() as others:
         start = time.perf_counter()
         steps(batches)
@@ -188,7 +189,7 @@ def check_feed_dataset(reference: str, batch_size: int, worker_counts: list[int]
     """The dataset, when it holds enough samples for the check (raises InputError before
     anything is measured otherwise)."""
     dataset = load_dataset(reference)
-    needed = max(WARMUP_BATCHES + 2 * max(worker_counts) + RECEIVE_BATCHES + batches,
+    needed = max(WARMUP_BATCHES + max(worker_counts) + batches, RECEIVE_BATCHES + 2,
                  WARMUP_BATCHES + BUILD_BATCHES + batches if 0 in worker_counts else 0,
                  WARMUP_BATCHES + 3 + 2 * COST_BATCHES) * batch_size
     if len(dataset) < needed:

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 
 from memcalc.errors import InputError
 from memcalc.host.child_events import emit, run_child
-from memcalc.host.handover import median_take, time_handover
+from memcalc.host.handover import busy_receive_s, idle_receive_budget_s, idle_receive_s, median_take
 from memcalc.host.machine import core_time, cpu_run_and_wait_seconds, fault_counts, fresh_bytes
 from memcalc.host.procmem import process_memory
 from memcalc.model.user_code import load_dataset
@@ -162,7 +162,8 @@ def _handover_wait_s(batch_s: float, prefetch: int) -> float:
 def handover_timed(batch_s: float, prefetch: int) -> bool:
     """Whether batches built in ``batch_s`` leave HANDOVER_BUDGET_S for timing their
     hand-over (``receive_seconds``)."""
-    return HANDOVER_ROUNDS * (_handover_wait_s(batch_s, prefetch) + batch_s / 4) <= HANDOVER_BUDGET_S
+    busy = HANDOVER_ROUNDS * (_handover_wait_s(batch_s, prefetch) + batch_s / 4)
+    return busy + idle_receive_budget_s(batch_s, HANDOVER_ROUNDS) <= HANDOVER_BUDGET_S
 
 
 def main_build_timed(batch_s: float) -> bool:
@@ -171,17 +172,24 @@ def main_build_timed(batch_s: float) -> bool:
     return (MAIN_BUILD_BATCHES + 1) * batch_s <= HANDOVER_BUDGET_S
 
 
-def _handover(batches, batch_s: float, prefetch: int) -> dict[str, float]:
-    """The main process's time to take a batch from the idle worker and from the worker
-    building its next one (``memcalc.host.handover``), where the budget allows."""
+def _busy_receive(batches, batch_s: float, prefetch: int) -> dict[str, float]:
+    """The main process's time to take a batch from the worker building its next one, on
+    the probe's own loader (``memcalc.host.handover``), where the budget allows."""
     if not handover_timed(batch_s, prefetch):
         return {}
-    wait_s = _handover_wait_s(batch_s, prefetch)
     try:
-        timed = time_handover(batches, wait_s, HANDOVER_ROUNDS, batch_s / 4)
+        busy = busy_receive_s(batches, _handover_wait_s(batch_s, prefetch), HANDOVER_ROUNDS,
+                              batch_s / 4)
     except StopIteration:   # the dataset ended
         return {}
-    return {"receive_seconds": timed.receive_s, "busy_receive_seconds": timed.busy_receive_s}
+    return {"busy_receive_seconds": busy}
+
+
+def _idle_receive(dataset, batch_size: int, batch_s: float, context) -> dict[str, float]:
+    """The same from an idle worker, on a loader of its own (``idle_receive_s``)."""
+    receive = idle_receive_s(dataset, batch_size, 1, batch_s, HANDOVER_ROUNDS,
+                             multiprocessing_context=context)
+    return {} if receive is None else {"receive_seconds": receive}
 
 
 def _main_build(dataset, batch_size: int, batch_s: float) -> dict[str, float]:
@@ -261,8 +269,10 @@ def probe(config: dict[str, Any]) -> dict[str, Any]:
         timed, cpu, fresh = arrivals[1:], [], None
     batch_s = _median_interval(timed)
     # the training process's own times: taking batches from the worker, building them itself
-    main_times = {} if ended else _handover(batches, batch_s, config["prefetch_factor"])
+    main_times = {} if ended else _busy_receive(batches, batch_s, config["prefetch_factor"])
     del batches, loader
+    if main_times:
+        main_times |= _idle_receive(dataset, config["batch_size"], batch_s, context)
     if not ended:
         main_times |= _main_build(dataset, config["batch_size"], batch_s)
     seconds_per_sample = batch_s / config["batch_size"]
