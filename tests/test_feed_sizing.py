@@ -58,7 +58,7 @@ def test_heap_states_further_apart_than_ten_points_are_a_range_on_the_head():
 
 @pytest.mark.slow
 def test_a_worker_whose_speed_depends_on_the_heap_is_forecast_in_a_training_scripts():
-    report = estimate(_spec("tests.fixtures.data_kinds:volumes_3d", 3))
+    report = estimate(_spec("tests.fixtures.host_datasets:heap_temporaries", 3))
     throughput, states = report.throughput, report.throughput.heap_states
     assert states is not None, throughput.assumptions
     # the head and table are the training heap's forecast, the fresh probe's beside it (which
