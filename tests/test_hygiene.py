@@ -50,6 +50,18 @@ def _files(folder: str) -> frozenset[str]:
         return frozenset()
 
 
+def _open_files() -> frozenset[tuple[str, str]]:
+    """The process's open files and what each points to (the listing's own is left out: it
+    is closed when read)."""
+    files = set()
+    for fd in _files("/proc/self/fd"):
+        try:
+            files.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:
+            pass
+    return frozenset(files)
+
+
 def _shm() -> frozenset[str]:
     """/dev/shm, less the segments of other live processes (torch names them
     ``torch_<pid>_…``): a leftover of this process or of a child it started and lost stays."""
@@ -93,7 +105,7 @@ def snapshot() -> dict:
         "loggers": _loggers(), "warnings": list(warnings.filters),
         "live threads": {thread.name for thread in threading.enumerate()},
         "children": {child.pid for child in multiprocessing.active_children()},
-        "fds": _files("/proc/self/fd"),
+        "fds": _open_files(),
         "distributed": torch.distributed.is_available() and torch.distributed.is_initialized(),
         "gc": (gc.isenabled(), gc.get_threshold()),
     }
@@ -103,7 +115,7 @@ def _differences(before: dict, after: dict) -> dict:
     """What changed; loggers that a first import made (matplotlib's, at their defaults) are
     new, not changed: only the loggers that were there before are compared. Of the open
     files, only those opened during the call count (one that closed meanwhile may be an
-    earlier test's)."""
+    earlier test's), each with what it points to."""
     after = {**after, "loggers": {name: value for name, value in after["loggers"].items()
                                   if name in before["loggers"]},
              "fds": before["fds"] | (after["fds"] - before["fds"])}
@@ -255,10 +267,15 @@ def test_the_first_import_and_call_in_a_fresh_process_leave_env_and_warnings_alo
     assert run.stdout.split("\n")[-2] == "[] 0 True"
 
 
+KERNEL_SETTLE_TRIES = 20
+"""Snapshots 0.1 s apart before a kernel counts as changed: an open file of the kernel's own
+threads (sending a cell's output) closes by itself, a leaked one stays."""
+
+
 KERNEL_CELLS = [
     "%matplotlib inline",
     "import sys, memcalc\n"
-    "from tests.test_hygiene import TINY, snapshot, _differences\n"
+    "from tests.test_hygiene import KERNEL_SETTLE_TRIES, TINY, snapshot, _differences\n"
     "memcalc.plot(memcalc.estimate('mlp', (32,), **TINY))   # torch's lazy imports, once",
     "import matplotlib, IPython\n"
     "shell = IPython.get_ipython()\n"
@@ -273,13 +290,21 @@ KERNEL_CELLS = [
     "memcalc.plot(report)",
     "memcalc.plan('mlp', (32,), gpu='T4', gpus=2, max_gpus=2, model_args=TINY['model_args'])",
     "memcalc.check('mlp', (32,), batch_size=2, gpu='T4', model_args=TINY['model_args'])",
-    "after = kernel_state()\n"
-    "changed = _differences(before, after)\n"
-    "changed.pop('user names', None)   # report, the cells' own names\n"
-    "added = set(after['formatters']) - set(before['formatters'])\n"
-    "if all(kind.__module__.startswith('memcalc.') for kind in added)"
+    "import time\n"
+    "def kernel_changes():\n"
+    "    after = kernel_state()\n"
+    "    changed = _differences(before, after)\n"
+    "    changed.pop('user names', None)   # report, the cells' own names\n"
+    "    added = set(after['formatters']) - set(before['formatters'])\n"
+    "    if all(kind.__module__.startswith('memcalc.') for kind in added)"
     " and before['formatters'].items() <= after['formatters'].items():\n"
-    "    changed.pop('formatters', None)   # displaying a plan registers its renderer\n"
+    "        changed.pop('formatters', None)   # displaying a plan registers its renderer\n"
+    "    return changed\n"
+    "for _ in range(KERNEL_SETTLE_TRIES):   # the kernel's own threads sending the cells' output\n"
+    "    changed = kernel_changes()\n"
+    "    if not changed:\n"
+    "        break\n"
+    "    time.sleep(0.1)\n"
     "print('KERNEL DIFFERENCES', sorted(changed), changed)",
 ]
 
