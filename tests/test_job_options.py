@@ -28,6 +28,8 @@ MISTAKES = {
                                 r"--bucket-view, --bucket-cap-mb: options of DDP .* does not wrap"),
     "bucket view with zero2": (["--strategy", "zero2", "--gpus", "2", "--bucket-view"],
                                r"--bucket-view: options of DDP"),
+    "static graph with fsdp": (["--strategy", "fsdp", "--gpus", "2", "--static-graph"],
+                               r"--static-graph: options of DDP"),
     "ddp with tensor parallel": (["--strategy", "ddp", "--gpus", "4", "--tp", "2"],
                                  r"DDP with tensor parallelism is not traced"),
     "spatial split with a strategy": (["--strategy", "fsdp", "--gpus", "2", "--spatial-parts",
@@ -61,10 +63,13 @@ def test_the_json_report_carries_the_layout_and_one_rank():
 
 def test_ddps_options_reach_the_traced_rank_and_its_head():
     result = CliRunner().invoke(main, ["estimate", *TINY, "--strategy", "ddp", "--gpus", "2",
-                                       "--bucket-cap-mb", "0.5", "--bucket-view"])
+                                       "--bucket-cap-mb", "0.5", "--bucket-view",
+                                       "--static-graph"])
     assert result.exit_code == 0, result.output
     head = " ".join(result.stdout.replace("│", " ").split())      # the panel's lines joined
-    assert "ddp on 2 GPUs, gradient_as_bucket_view, buckets of 0.5 MiB" in head
+    assert ("ddp on 2 GPUs, gradient_as_bucket_view, static_graph, buckets of 0.5 MiB"
+            in head)
+    assert "can be LOW" not in head     # the reducer's flags are read back as it set them
 
 
 def test_the_wrappers_print_nothing_before_the_verdict():

@@ -82,3 +82,59 @@ def test_draws_are_read_at_the_top_of_their_range(make, expected):
     with fake_cpu_mode(), BoundedOps():
         value = make().item()
     assert value == pytest.approx(expected) and value <= expected
+
+
+def _read_back(make):
+    with fake_cpu_mode(), BoundedOps() as ops:
+        value = make().item()
+    return value, [use.bound for use in ops.uses() if use.op == SCALAR_OP]
+
+
+def _flags_set_one_by_one():
+    flags = torch.zeros(4, dtype=torch.int32)
+    for index in range(4):
+        flags[index] = index + 1            # a Python number copied into one element
+    return flags
+
+
+def test_a_flag_set_by_indexing_is_read_back_at_its_element():
+    value, (bound,) = _read_back(lambda: _flags_set_one_by_one()[2])
+    assert value == 3 and bound == "3: the element copy_ set it to"
+
+
+def test_element_values_go_on_through_a_copy_of_the_whole_tensor():
+    # DDP's reducer: flags set on the host map, copied to the device map and back
+    def copied():
+        device_map = torch.empty(4, dtype=torch.int32)
+        device_map.copy_(_flags_set_one_by_one())
+        return device_map.clone()[3]
+    assert _read_back(copied)[0] == 4
+
+
+def test_an_element_never_set_keeps_the_whole_tensors_fill():
+    def partly():
+        flags = torch.zeros(4, dtype=torch.int64)
+        flags[1] = 7
+        return flags[0]
+    value, (bound,) = _read_back(partly)
+    assert value == 0 and bound == "0: the constant zeros filled it with"
+
+
+def test_a_part_written_otherwise_is_no_longer_known():
+    def overwritten():
+        flags = _flags_set_one_by_one()
+        flags[1:3].fill_(5)                 # two elements at once
+        return flags[0]
+    assert _read_back(overwritten) == (SCALAR_DEFAULTS["int"].value, [SCALAR_DEFAULTS["int"].meaning])
+
+
+def test_ddps_static_graph_reads_back_the_flags_of_the_parameters_it_used():
+    # its reducer all-reduces the used-parameter map (a no-op in the fake process group) and
+    # reads it back: every parameter used, none read as the default
+    report = memcalc.estimate("mlp", (32,), batch_size=2, device="cpu",
+                              model_args={"in_features": 32, "hidden": 32, "depth": 2},
+                              parallel={"strategy": "ddp", "gpus_per_node": 2,
+                                        "static_graph": True})
+    reads = [use for use in report.device.bounded_sizes if use.op == SCALAR_OP]
+    assert reads and all(use.bound == "1: the element fill_ set it to" for use in reads)
+    assert not any("no rule covers" in line for line in report.assumptions)

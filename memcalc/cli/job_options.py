@@ -51,6 +51,8 @@ JOB_OPTIONS = [
                  help="FSDP2: default = every block but the last; always; never."),
     click.option("--bucket-view", is_flag=True,
                  help="DDP gradient_as_bucket_view=True (no second copy of the gradients)."),
+    click.option("--static-graph", is_flag=True,
+                 help="DDP static_graph=True (the same graph every step)."),
     click.option("--bucket-cap-mb", type=click.FloatRange(min=0, min_open=True),
                  default=DDP_BUCKET_CAP_MB,
                  show_default=True, help="DDP bucket_cap_mb: the gradient buckets' size (MiB)."),
@@ -76,6 +78,7 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
                   reduce_dtype=options.pop("reduce_dtype", None),
                   reshard_after_forward=options.pop("reshard_after_forward", Reshard.DEFAULT),
                   gradient_as_bucket_view=options.pop("bucket_view", False),
+                  static_graph=options.pop("static_graph", False),
                   bucket_cap_mb=options.pop("bucket_cap_mb", DDP_BUCKET_CAP_MB))
     if strategy is None:
         if gpus is not None:

@@ -87,9 +87,9 @@ class ParallelSpec(BaseModel):
     bucket_cap_mb: float = Field(default=DDP_BUCKET_CAP_MB, gt=0)
     """DDP's bucket size (its default: 25 MiB)."""
     static_graph: bool = False
-    """DDP ``static_graph=True``: the graph is the same every iteration (library only: its
-    reducer's consistency checks read 0/1 flags in C++, which the trace answers with its
-    default and then warns of, although the traced rank matches a real one to the byte)."""
+    """DDP ``static_graph=True``: the graph is the same every iteration (its reducer reads
+    back the flags it set for each parameter used, which the trace follows element by
+    element: ``trace.python_values``)."""
     pp: int = Field(default=1, ge=1)
     """Pipeline-parallel degree: the model split into stages by its repeated blocks."""
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
@@ -203,7 +203,7 @@ class ParallelSpec(BaseModel):
             raise ValueError("DDP with tensor parallelism is not traced; use --strategy fsdp "
                              "(FSDP2 over the data-parallel ranks, as torchtitan does)")
         ddp_options = [option for option, given in (
-            ("--bucket-view", self.gradient_as_bucket_view), ("static_graph", self.static_graph),
+            ("--bucket-view", self.gradient_as_bucket_view), ("--static-graph", self.static_graph),
             ("--bucket-cap-mb", self.bucket_cap_mb != DDP_BUCKET_CAP_MB)) if given]
         if ddp_options and self.strategy not in REPLICATED:
             raise ValueError(f"{', '.join(ddp_options)}: options of DDP (--strategy ddp or "

@@ -243,6 +243,17 @@ def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
     return [tensor for tensor in written if isinstance(tensor, torch.Tensor)]
 
 
+def lifted_number(tensor: torch.Tensor) -> bool | int | float | None:
+    """The value of the real one-element tensor a fake one was lifted from (a Python number
+    the fake mode keeps beside its fake as ``FakeTensor.constant``), read with the modes
+    off; None for anything else."""
+    constant = getattr(tensor, "constant", None) if isinstance(tensor, FakeTensor) else None
+    if constant is None or constant.numel() != 1:
+        return None
+    with dispatch_modes_paused():
+        return constant.item()
+
+
 def is_fake_tensor(tensor: torch.Tensor) -> bool:
     """A fake tensor of a trace (its kernels are meta functions, which accept what CPU
     kernels may refuse, such as softmax's half_to_float)."""

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 
-from memcalc.trace._torch_internals import WeakIdKeyDictionary, written_tensors
+from memcalc.trace._torch_internals import WeakIdKeyDictionary, lifted_number, written_tensors
 
 SCALAR_OP = "aten::_local_scalar_dense"
 """What ``.item()``, ``bool(tensor)``, ``int(tensor)`` and ``.tolist()`` run."""
@@ -102,6 +102,20 @@ CONSTANT_FILLS: dict[str, Callable] = {
 as are its reductions and copies (``_READS_ELEMENTS``), until something writes into it."""
 
 
+IN_PLACE_FILLS: dict[str, Callable] = {
+    "aten::fill_": _argument(1, "value"), "aten::zero_": _filled_with(0)}
+"""In-place ops that write one constant into their tensor: the whole storage (then as
+``CONSTANT_FILLS``), or one element of it (a flag set by indexing: DDP's reducer marks each
+parameter used with ``local_used_map_[i] = 1`` and reads the map back under ``static_graph``)."""
+_SAME_LAYOUT = frozenset({"aten::clone", "aten::_to_copy", "aten::copy_"})
+"""Ops whose output holds the elements of their source at the same positions: the values
+known per element go on where both cover their whole storage."""
+KEEPS_VALUES = "c10d::"
+"""Collectives of torch's fake process group leave their tensors as they were, so known values
+stay known (each rank's, as this rank set them: a sum over ranks of flags set on every rank
+is read as the flag)."""
+
+
 def keeps_most_work(meaning: str) -> bool:
     """False for the defaults, the values that may leave out work a real step does."""
     return meaning not in {default.meaning for default in SCALAR_DEFAULTS.values()}
@@ -114,6 +128,8 @@ class PythonValues:
     def __init__(self) -> None:
         self._made: WeakIdKeyDictionary = WeakIdKeyDictionary()   # tensor -> ScalarValue
         self._filled: WeakIdKeyDictionary = WeakIdKeyDictionary()  # storage -> ScalarValue
+        self._elements: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        # storage -> {element offset: ScalarValue}, over what _filled says of the rest
 
     def fill(self, tensor: torch.Tensor, value: object, meaning: str) -> None:
         self._filled[tensor.untyped_storage()] = ScalarValue(value, meaning)
@@ -122,15 +138,35 @@ class PythonValues:
         """``tensors`` were written outside the ops seen: their filled values no longer hold."""
         for tensor in tensors:
             self._filled.pop(tensor.untyped_storage(), None)
+            self._elements.pop(tensor.untyped_storage(), None)
 
     def observe(self, func, name: str, args, kwargs, outputs) -> None:
-        if self._filled:
-            self.forget(written_tensors(func, args, kwargs))
         base = name.partition(".")[0]
+        fill = IN_PLACE_FILLS.get(base)
+        if fill is not None and args and isinstance(args[0], torch.Tensor):
+            self._write(args[0], fill(*args, **kwargs), base.removeprefix("aten::"))
+            return
+        if base == "aten::copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+            known = self._known(args[1]) if args[0].numel() == 1 else None
+            if known is not None:       # tensor[i] = value, as Python sets an element
+                self._write(args[0], known.value, "copy_")
+            else:
+                self._carry(args[1], args[0])
+            return
+        if (self._filled or self._elements) and not name.startswith(KEEPS_VALUES):
+            self.forget(written_tensors(func, args, kwargs))
         first = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else outputs
         if not isinstance(first, torch.Tensor):
             return
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if (source is not None and base in _SAME_LAYOUT and _same_layout(source, first)
+                and source.untyped_storage() in self._elements):
+            self._carry(source, first)
+            return
+        value = lifted_number(first) if base == "aten::lift_fresh" else None
+        if value is not None:
+            self.fill(first, value, f"{value}: the Python number it was made from")
+            return
         filled = self._filled.get(source.untyped_storage()) if source is not None else None
         if filled is not None and base in _READS_ELEMENTS:
             self._filled[first.untyped_storage()] = filled
@@ -146,12 +182,57 @@ class PythonValues:
         if convention is not None and first.numel() == 1:
             self._made[first] = ScalarValue(convention[0](*args, **kwargs), convention[1])
 
+    def _write(self, tensor: torch.Tensor, value, op: str) -> None:
+        """``tensor`` filled in place with ``value``: all of its storage, one element of it,
+        or a part (then nothing of the storage is known)."""
+        storage = tensor.untyped_storage()
+        if not isinstance(value, (bool, int, float)):
+            self.forget([tensor])
+        elif _whole(tensor):
+            self.forget([tensor])
+            self.fill(tensor, value, f"{value}: the constant {op} filled it with")
+        elif tensor.numel() == 1:
+            elements = self._elements.get(storage) or {}
+            elements[tensor.storage_offset()] = ScalarValue(
+                value, f"{value}: the element {op} set it to")
+            self._elements[storage] = elements
+        else:
+            self.forget([tensor])
+
+    def _carry(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        """``target`` now holds ``source``'s elements: what is known of them goes on where
+        both cover their whole storage, else nothing of ``target``'s storage is known."""
+        known = (self._filled.get(source.untyped_storage()),
+                 self._elements.get(source.untyped_storage()))
+        self.forget([target])
+        if not _same_layout(source, target):
+            return
+        if known[0] is not None:
+            self._filled[target.untyped_storage()] = known[0]
+        if known[1] is not None:
+            self._elements[target.untyped_storage()] = dict(known[1])
+
+    def _known(self, tensor: torch.Tensor) -> ScalarValue | None:
+        storage = tensor.untyped_storage()
+        element = (self._elements.get(storage) or {}).get(tensor.storage_offset())
+        return element or self._filled.get(storage) or self._made.get(tensor)
+
     def read(self, tensor: torch.Tensor) -> ScalarValue:
         kind = _scalar_kind(tensor.dtype)
-        found = self._filled.get(tensor.untyped_storage()) or self._made.get(tensor)
+        found = self._known(tensor)
         if found is None:
             return SCALAR_DEFAULTS[kind]
         return ScalarValue(_CASTS[kind](found.value), found.meaning)
+
+
+def _whole(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` covers all of its storage, element by element in order."""
+    return (tensor.storage_offset() == 0 and tensor.is_contiguous()
+            and tensor.numel() * tensor.element_size() == tensor.untyped_storage().nbytes())
+
+
+def _same_layout(source: torch.Tensor, target: torch.Tensor) -> bool:
+    return _whole(source) and _whole(target) and source.dtype == target.dtype
 
 
 _CASTS: dict[str, Callable] = {"bool": bool, "int": int, "float": float}
