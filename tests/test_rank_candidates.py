@@ -109,9 +109,11 @@ def test_a_pipeline_row_is_traced_at_the_microbatch_that_fits():
 
 
 def _row(label, micro, steps, method="derived from base"):
-    from types import SimpleNamespace
-    return SimpleNamespace(strategy=Strategy.PIPELINE, label=label, max_batch_size=micro,
-                           accumulation_steps=steps, fits=micro > 0, method=method)
+    from memcalc.strategies.report import Candidate
+
+    return Candidate.model_construct(strategy=Strategy.PIPELINE, label=label,
+                                     max_batch_size=micro, accumulation_steps=steps,
+                                     fits=micro > 0, method=method)
 
 
 def test_a_layout_whose_traced_rank_fits_far_fewer_samples_flags_its_derived_rows():
@@ -120,7 +122,7 @@ def test_a_layout_whose_traced_rank_fits_far_fewer_samples_flags_its_derived_row
     traced = _row("pipeline + ckpt", 1, 4, f"{RANK_METHOD} (2 ranks)")
     [line] = closed_forms_found_off(screened, {id(screened[0]): traced,
                                                id(screened[1]): closed[1]})
-    assert "traced as a rank, pipeline + ckpt fits 1 × 4 per GPU where it said 37 × 4" in line
+    assert "traced as a rank, pipeline + ckpt fits 1×4 per GPU where it said 37×4" in line
     # off by less than FAR_OFF, or nothing left derived: no line
     near = _row("pipeline + ckpt", -(-37 // FAR_OFF), 4, f"{RANK_METHOD} (2 ranks)")
     assert not closed_forms_found_off(screened, {id(screened[0]): near,

@@ -79,10 +79,7 @@ def _seconds(value: float) -> str:
 def _batch(candidate: Candidate, wide: bool) -> str:
     if wide:
         return str(candidate.max_batch_size)
-    if not candidate.fits:
-        return "NO"
-    return (str(candidate.max_batch_size) if candidate.accumulation_steps == 1 else
-            f"{candidate.max_batch_size}×{candidate.accumulation_steps}")
+    return candidate.batch_text if candidate.fits else "NO"
 
 
 _WIDE_COLUMNS = ["strategy", "GPUs", "per-GPU peak", "batch/GPU", "accum", "global", "step",

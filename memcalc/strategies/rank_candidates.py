@@ -140,21 +140,15 @@ def closed_forms_found_off(screened: list[Screened], rows: dict[int, Candidate])
                and FAR_OFF * _samples(traced) < _samples(closed)]
         if off and any(closed is traced for closed, traced in pairs):
             closed, traced = min(off, key=lambda pair: _samples(pair[1]) / _samples(pair[0]))
-            found = (f"fits {_batch(traced)} per GPU" if traced.fits else "does not fit")
+            found = (f"fits {traced.batch_text} per GPU" if traced.fits else "does not fit")
             lines.append(f"{strategy.value}'s closed form was optimistic here: traced as a "
-                         f"rank, {traced.label} {found} where it said {_batch(closed)}; its "
+                         f"rank, {traced.label} {found} where it said {closed.batch_text}; its "
                          "rows still derived (how 'derive') may be as far off")
     return lines
 
 
 def _samples(candidate: Candidate) -> int:
     return max(candidate.max_batch_size, 0) * candidate.accumulation_steps
-
-
-def _batch(candidate: Candidate) -> str:
-    steps = candidate.accumulation_steps
-    return (f"{candidate.max_batch_size} × {steps}" if steps > 1
-            else str(max(candidate.max_batch_size, 0)))
 
 
 def _next_of_layout(screened: list[Screened], traced: Screened, tried: set[int],

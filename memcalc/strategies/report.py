@@ -43,6 +43,14 @@ class Candidate(BaseModel):
     per replica): traced there, else on the candidate's batch line; None: no batch given, or
     a pipeline traced as a rank (its microbatch is searched, not its local batch)."""
 
+    @property
+    def batch_text(self) -> str:
+        """The batch per GPU as the plan writes it: ``37`` or ``9×4`` (micro-batch × steps
+        accumulated, or a pipeline's microbatches)."""
+        batch = max(self.max_batch_size, 0)
+        steps = self.accumulation_steps
+        return f"{batch}×{steps}" if steps > 1 else str(batch)
+
 
 class StrategyPlan(BaseModel):
     """Every candidate, the recommendation with its reason, and how to launch it."""
