@@ -193,7 +193,7 @@ def plan(ctx, *, gpus_per_node, nodes, global_batch, interconnect, bucket_view, 
     from memcalc.api import plan_spec
     from memcalc.render.plan import plan_renderable
     from memcalc.render.verdict import plan_verdict
-    from memcalc.strategies.plan import STATIC_PLAN
+    from memcalc.strategies.plan_text import STATIC_PLAN
     from memcalc.strategies import ClusterSpec
 
     def work():
