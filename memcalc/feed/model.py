@@ -148,9 +148,13 @@ class ThroughputReport(BaseModel):
     table and ``expected_gpu_utilization`` are the training state's)."""
 
 
-SLOW_HANDOVER_S = 0.002
+SLOW_HANDOVER_S = 0.005
 """A batch leaving a busy worker this much (and at least the idle receive) slower than an
-idle one's is reported: the worker's Python code holds the GIL that the hand-over needs."""
+idle one's is reported: the worker's Python code holds the GIL that the hand-over needs. A
+thread waiting for a busy GIL waits one switch interval at least (``sys.getswitchinterval()``,
+5 ms by default); measured here, batches left GIL-bound workers 17-32 ms slower than idle
+ones, and workers that hold no GIL while they build (numpy, Pillow, sleeping reads) 0-3 ms
+slower (the busy take follows a short wait, the idle ones follow other takes)."""
 
 
 def slow_handover(receive_s: float, busy_receive_s: float | None) -> bool:

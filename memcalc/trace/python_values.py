@@ -2,10 +2,12 @@
 ``.tolist()``): fake tensors hold none, so each read gets a value by rule, and the rule says
 which side of the truth it puts the estimate on.
 
-In order: a tensor memcalc filled itself (a per-sample length input) or that an op filled with
-one constant (``torch.ones``, ``torch.full``: ``CONSTANT_FILLS``) gives the value it was filled
-with, and so does every reduction or copy of it (``lengths.max()``, MONAI's
-``torch.min(importance_map)`` of a constant map); a draw from a
+In order: an element set to a constant (``flags[i] = 1``, ``fill_`` of one element:
+``IN_PLACE_FILLS``) gives that constant, through copies of the whole tensor and the fake
+process group's collectives; a tensor memcalc filled itself (a per-sample length input) or
+that an op filled with one constant (``torch.ones``, ``torch.full``: ``CONSTANT_FILLS``) gives
+the value it was filled with, and so does every reduction or copy of it (``lengths.max()``,
+MONAI's ``torch.min(importance_map)`` of a constant map); a draw from a
 uniform distribution gives the top of its range, the value that keeps the most work (a
 LayerDrop draw above any drop probability keeps its layer; torchvision's random size choice
 takes the largest size); a 0-dim result of a check or count gives its passing value
