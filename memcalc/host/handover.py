@@ -27,6 +27,7 @@ BUILD_SLACK = 2.0
 """How many times the workers' own batch time an idle-receive loader waits for them to
 build its batches (a loaded machine builds them more slowly)."""
 WORKER_START_S = 0.01
+"""Added to that wait for the workers' start (their first batch is already taken)."""
 
 
 class Handover(NamedTuple):
@@ -39,12 +40,11 @@ class Handover(NamedTuple):
 def idle_receive_s(dataset, batch_size: int, workers: int, batch_s: float, rounds: int,
                    **loader_options) -> float | None:
     """The median time to take a batch from an idle worker, over ``rounds`` batches (None
-    where the dataset holds fewer than ``rounds + 2`` of them): a
-    loader of ``workers`` whose sampler holds ``rounds + 2`` batches, all requested at once,
-    so that no take sends a worker a new index. The first take waits for the workers to
-    start and build it; once they have had ``BUILD_SLACK`` × their time for the rest, a second
-    is taken
-    untimed (this process's return from the wait) and the others back to back."""
+    where the dataset holds fewer than ``rounds + 2`` of them): a loader of ``workers`` whose
+    sampler holds ``rounds + 2`` batches, all requested at once, so that no take sends a
+    worker a new index. The first take waits for the workers to start and build it; once
+    they have had ``BUILD_SLACK`` × their time for the rest, a second is taken untimed (this
+    process's return from the wait) and the others back to back."""
     count = rounds + 2
     if len(dataset) < count * batch_size:
         return None
@@ -53,7 +53,7 @@ def idle_receive_s(dataset, batch_size: int, workers: int, batch_s: float, round
                         num_workers=workers, prefetch_factor=per_worker, **loader_options)
     batches = iter(loader)
     next(batches)
-    time.sleep(BUILD_SLACK * (per_worker - 1) * batch_s + WORKER_START_S)
+    time.sleep(_build_wait_s(batch_s, per_worker))
     next(batches)
     timed = median_take(batches, rounds)
     del batches     # the workers end here
@@ -62,8 +62,12 @@ def idle_receive_s(dataset, batch_size: int, workers: int, batch_s: float, round
 
 def idle_receive_budget_s(batch_s: float, rounds: int, workers: int = 1) -> float:
     """The wall time ``idle_receive_s`` waits for its workers' batches."""
-    per_worker = math.ceil((rounds + 2) / workers)
-    return batch_s + BUILD_SLACK * (per_worker - 1) * batch_s + WORKER_START_S
+    return batch_s + _build_wait_s(batch_s, math.ceil((rounds + 2) / workers))
+
+
+def _build_wait_s(batch_s: float, per_worker: int) -> float:
+    """The wait, after the first take, for the rest of each worker's batches to be built."""
+    return BUILD_SLACK * (per_worker - 1) * batch_s + WORKER_START_S
 
 
 def busy_receive_s(batches: Iterator, wait_s: float, rounds: int, building_s: float) -> float:

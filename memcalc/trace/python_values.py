@@ -148,21 +148,23 @@ class PythonValues:
         if fill is not None and args and isinstance(args[0], torch.Tensor):
             self._write(args[0], fill(*args, **kwargs), base.removeprefix("aten::"))
             return
-        if base == "aten::copy_" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        known_any = bool(self._filled or self._elements)
+        if (known_any and base == "aten::copy_" and len(args) > 1
+                and isinstance(args[1], torch.Tensor)):
             known = self._known(args[1]) if args[0].numel() == 1 else None
             if known is not None:       # tensor[i] = value, as Python sets an element
                 self._write(args[0], known.value, "copy_")
             else:
                 self._carry(args[1], args[0])
             return
-        if (self._filled or self._elements) and not name.startswith(KEEPS_VALUES):
+        if known_any and not name.startswith(KEEPS_VALUES):
             self.forget(written_tensors(func, args, kwargs))
         first = outputs[0] if isinstance(outputs, (tuple, list)) and outputs else outputs
         if not isinstance(first, torch.Tensor):
             return
         source = args[0] if args and isinstance(args[0], torch.Tensor) else None
-        if (source is not None and base in _SAME_LAYOUT and _same_layout(source, first)
-                and source.untyped_storage() in self._elements):
+        if (source is not None and base in _SAME_LAYOUT
+                and source.untyped_storage() in self._elements and _same_layout(source, first)):
             self._carry(source, first)
             return
         value = lifted_number(first) if base == "aten::lift_fresh" else None
