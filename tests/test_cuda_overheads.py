@@ -66,6 +66,8 @@ def test_a_rank_on_cuda_holds_nccls_buffers_per_communicator_of_its_mesh():
 
     assert nccl_communicators() == 0 and nccl_communicators(dp=8) == 1
     assert nccl_communicators(dp=4, tp=2) == 2 and nccl_communicators(dp=2, tp=2, pp=2) == 3
+    # context parallel: its ring, and FSDP2's group over the dp × cp ranks where both exist
+    assert nccl_communicators(cp=8) == 1 and nccl_communicators(dp=2, cp=4) == 3
     mlp = dict(model="tests.fixtures.models:tiny_mlp", sample_shape=(8,), batch_size=4,
                gpu="H100-80GB")
     one = estimate(TrainingSpec(**mlp)).device

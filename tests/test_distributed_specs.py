@@ -25,3 +25,20 @@ def test_ddps_options_are_named_in_the_layout(strategy):
     default = ParallelSpec(strategy=strategy, gpus_per_node=4)
     assert default.bucket_cap_mb == DDP_BUCKET_CAP_MB      # torch's own default, not said
     assert default.describe() == f"{strategy.value} on 4 GPUs"
+
+
+@pytest.mark.parametrize("gpus, tp, cp", [(8, 1, 2), (16, 2, 4), (4, 1, 4)])
+def test_context_parallel_ranks_share_their_samples_and_fsdp_shards_over_them(gpus, tp, cp):
+    """A context-parallel group takes one replica's samples (split on the sequence): the
+    data-parallel degree is what tensor and context parallelism leave, and FSDP2 shards over
+    the data- and context-parallel ranks (torchtitan's ``dp_shard_cp``)."""
+    layout = ParallelSpec(strategy="fsdp", gpus_per_node=gpus, tp=tp, cp=cp)
+    assert layout.dp * tp * cp == gpus
+    assert layout.shard_ranks == gpus // tp
+    assert f"context parallel {cp}" in layout.describe()
+
+
+@pytest.mark.parametrize("strategy", sorted(REPLICATED, key=str))
+def test_context_parallel_is_refused_with_replicated_states(strategy):
+    with pytest.raises(ValidationError, match="use --strategy fsdp or zero2"):
+        ParallelSpec(strategy=strategy, gpus_per_node=4, cp=2)

@@ -25,6 +25,11 @@ JOB_OPTIONS = [
     click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True,
                  help="Tensor-parallel degree inside each data-parallel group (DTensor "
                       "column/row-wise plans for the blocks' attention and MLP)."),
+    click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+                 help="Context-parallel degree (torch's context_parallel: each rank holds "
+                      "1/cp of the sequence, causal attention runs as ring attention); "
+                      "with --strategy fsdp or zero2, which shard over the data- and "
+                      "context-parallel ranks."),
     click.option("--sequence-parallel/--no-sequence-parallel", default=True, show_default=True,
                  help="With --tp: torchtitan's sequence parallelism (norms SequenceParallel, "
                       "activations between the projections sharded on the sequence), where "
@@ -69,6 +74,7 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
     """The layout from the job options (popped from ``options``); None without --strategy."""
     strategy, gpus = options.pop("strategy", None), options.pop("job_gpus", None)
     fields = dict(nodes=options.pop("job_nodes", 1), tp=options.pop("tp", 1),
+                  cp=options.pop("cp", 1),
                   pp=options.pop("pp", 1),
                   sequence_parallel=options.pop("sequence_parallel", True),
                   loss_parallel=options.pop("loss_parallel", True),
@@ -84,7 +90,7 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
         if gpus is not None:
             raise InputError("--gpus needs --strategy (ddp, zero1, zero2 or fsdp) to say how the "
                              "job is distributed")
-        given = [f"--{name} {fields[name]}" for name in ("tp", "pp") if fields[name] > 1]
+        given = [f"--{name} {fields[name]}" for name in ("tp", "cp", "pp") if fields[name] > 1]
         if given:      # else the job would be traced on one GPU without a word
             verb = "needs" if len(given) == 1 else "need"
             raise InputError(f"{' and '.join(given)} {verb} --strategy and --gpus (e.g. "

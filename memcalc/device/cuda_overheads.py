@@ -68,23 +68,25 @@ NCCL_SOURCE = ("NVIDIA/nccl#964: one communicator took 688 MB per process over 4
                "or network interfaces (1.6 GB in NVIDIA/nccl#864)")
 
 
-def nccl_communicators(dp: int = 1, tp: int = 1, pp: int = 1) -> int:
+def nccl_communicators(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
     """NCCL communicators a rank's job opens: one per mesh dimension wider than one rank
     (data parallel — DDP, ZeRO and FSDP collectives —, tensor parallel, the pipeline's
-    point-to-point sends)."""
-    return sum(1 for degree in (dp, tp, pp) if degree > 1)
+    point-to-point sends, context parallel's ring), and FSDP2's over the data- and
+    context-parallel ranks together where both are."""
+    dims = sum(1 for degree in (dp, tp, pp, cp) if degree > 1)
+    return dims + (1 if dp > 1 and cp > 1 else 0)
 
 
-def nccl_bytes(dp: int = 1, tp: int = 1, pp: int = 1) -> int:
-    """NCCL's buffers of one rank of a ``dp × tp × pp`` mesh (0 on one GPU)."""
-    return NCCL_COMMUNICATOR_BYTES * nccl_communicators(dp, tp, pp)
+def nccl_bytes(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1) -> int:
+    """NCCL's buffers of one rank of a ``dp × cp × tp × pp`` mesh (0 on one GPU)."""
+    return NCCL_COMMUNICATOR_BYTES * nccl_communicators(dp, tp, pp, cp)
 
 
 def job_nccl_bytes(parallel: ParallelSpec | None) -> int:
     """NCCL's buffers of one rank of ``parallel``'s job (0 on one GPU)."""
     if parallel is None:
         return 0
-    return nccl_bytes(parallel.dp, parallel.tp, parallel.pp)
+    return nccl_bytes(parallel.dp, parallel.tp, parallel.pp, parallel.cp)
 
 
 def context_bytes(profile: EnvProfile, loading: ModuleLoading, *, uses_matmul: bool,

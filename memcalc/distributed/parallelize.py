@@ -2,9 +2,13 @@
 split — ``memcalc.distributed.pipeline_split``, applied by the tracer, which then wraps each
 stage —, tensor parallel, then data parallel), each with the real torch wrapper.
 
+Context parallelism is not a wrapper of the model: the traced step runs under torch's
+``context_parallel`` (``memcalc.distributed.context_parallel``), and FSDP2 shards over the
+data- and context-parallel ranks together (torchtitan's ``dp_shard_cp`` mesh).
+
 Known limitations: tensor parallelism shards the ``nn.Linear`` layers of the repeated blocks
-by name (``memcalc.distributed.tensor_plan``); DDP with tensor parallelism and context
-parallelism are not traced.
+by name (``memcalc.distributed.tensor_plan``); DDP with tensor or context parallelism, and
+context parallelism with a pipeline, are not traced.
 """
 
 from __future__ import annotations
@@ -117,28 +121,31 @@ it runs before the trace counts them); DDP allocates its buckets at construction
 
 @dataclass(frozen=True)
 class JobMesh:
-    """This rank's data-parallel and tensor-parallel device meshes."""
+    """This rank's device meshes: data parallel (with context parallelism, the data- and
+    context-parallel ranks FSDP2 shards over), context, tensor and pipeline parallel."""
 
     dp: object
     tp: object
     pp: object
+    cp: object
 
 
 def job_mesh(spec: ParallelSpec) -> JobMesh:
-    """This rank's device mesh, pipeline outermost, then data parallel, tensor parallel
+    """This rank's device mesh, pipeline outermost, then data, context and tensor parallel
     inner (torchtitan's order), and its dimensions. CPU, as the trace runs on fake CPU
     tensors; made outside the fake mode (slicing a mesh computes with its rank table, which a
     fake tensor lacks)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh("cpu", (spec.pp, spec.dp, spec.tp),
-                            mesh_dim_names=("pp", "dp", "tp"))
-    return JobMesh(mesh["dp"], mesh["tp"], mesh["pp"])
+    mesh = init_device_mesh("cpu", (spec.pp, spec.dp, spec.cp, spec.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
+    shards = mesh["dp", "cp"]._flatten("dp_cp") if spec.cp > 1 else mesh["dp"]
+    return JobMesh(shards, mesh["tp"], mesh["pp"], mesh["cp"])
 
 
 def stage_rank(spec: ParallelSpec, stage: int) -> int:
     """The global rank of the first rank of pipeline stage group ``stage`` (pp outermost)."""
-    return stage * spec.dp * spec.tp
+    return stage * spec.dp * spec.cp * spec.tp
 
 
 def parallelize_tp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str],
@@ -236,7 +243,8 @@ def parallelize(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str],
     cross-entropy (tensor parallel may then keep the logits sharded)."""
     if sharding and spec.tp > 1:
         model = parallelize_tp(model, spec, mesh, blocks, loss_parallel)
-    if spec.dp > 1 and (spec.strategy in SHARDS_PARAMETERS) == sharding:
+    shards = spec.strategy in SHARDS_PARAMETERS
+    if (spec.shard_ranks if shards else spec.dp) > 1 and shards == sharding:
         model = DATA_PARALLEL[spec.strategy](model, spec, mesh.dp, blocks)
     return model
 

@@ -40,6 +40,8 @@ class PipelineSchedule(str, Enum):
 
 
 REPLICATED = frozenset({DataParallel.DDP, DataParallel.ZERO1})
+CONTEXT_PARALLEL_WITH = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
+"""Strategies traced with context parallelism (FSDP2 over the dp × cp ranks)."""
 """Strategies whose ranks each hold all the parameters (DDP's wrapper)."""
 DDP_BUCKET_CAP_MB = 25.0
 """``DistributedDataParallel``'s default ``bucket_cap_mb``."""
@@ -60,7 +62,8 @@ PARAM_DTYPES = ("float32", "bfloat16", "float16")
 
 class ParallelSpec(BaseModel):
     """One rank's place in the job: ``gpus_per_node × nodes`` ranks, ``tp``-way tensor
-    parallel inside data parallel over the rest (torchtitan's mesh: dp outer, tp inner)."""
+    parallel inside ``cp``-way context parallel inside data parallel over the rest
+    (torchtitan's mesh: pp outer, then dp, cp, tp inner)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -90,6 +93,10 @@ class ParallelSpec(BaseModel):
     """DDP ``static_graph=True``: the graph is the same every iteration (its reducer reads
     back the flags it set for each parameter used, which the trace follows element by
     element: ``trace.python_values``)."""
+    cp: int = Field(default=1, ge=1)
+    """Context-parallel degree (torch's ``context_parallel``): each rank holds 1/cp of the
+    sequence, attention runs as ring attention over the ``cp`` ranks, and FSDP2 shards the
+    states over the data- and context-parallel ranks together (as torchtitan does)."""
     pp: int = Field(default=1, ge=1)
     """Pipeline-parallel degree: the model split into stages by its repeated blocks."""
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
@@ -134,8 +141,14 @@ class ParallelSpec(BaseModel):
 
     @property
     def dp(self) -> int:
-        """Data-parallel degree: the ranks left over tensor and pipeline parallelism."""
-        return self.world_size // (self.tp * self.pp)
+        """Data-parallel degree: the ranks left over tensor, context and pipeline
+        parallelism (replicas that each take their own samples)."""
+        return self.world_size // (self.tp * self.cp * self.pp)
+
+    @property
+    def shard_ranks(self) -> int:
+        """Ranks FSDP2 shards the states over: the data- and context-parallel ranks."""
+        return self.dp * self.cp
 
     def describe(self) -> str:
         """The layout in a few words: ``fsdp on 16 GPUs (2 nodes × 8), param bfloat16``."""
@@ -153,6 +166,8 @@ class ParallelSpec(BaseModel):
         if self.pp > 1:
             extras.insert(0, f"pipeline {self.pp} ({self.pp_schedule.value}, "
                              f"microbatch {self.microbatch_size})")
+        if self.cp > 1:
+            extras.insert(0, f"context parallel {self.cp}")
         if self.tp > 1:
             asked = [name for name, on in (("sequence parallel", self.sequence_parallel),
                                            ("loss parallel", self.loss_parallel)) if on]
@@ -189,6 +204,17 @@ class ParallelSpec(BaseModel):
         if self.world_size % (self.tp * self.pp):
             raise ValueError(f"--pp {self.pp} × --tp {self.tp} does not divide the "
                              f"{self.world_size} GPUs; use divisors of --gpus × --nodes")
+        if self.world_size % (self.tp * self.pp * self.cp):
+            raise ValueError(f"--cp {self.cp} × --tp {self.tp} × --pp {self.pp} does not "
+                             f"divide the {self.world_size} GPUs; use divisors of --gpus × "
+                             "--nodes")
+        if self.cp > 1 and self.strategy not in CONTEXT_PARALLEL_WITH:
+            raise ValueError(f"--cp with --strategy {self.strategy.value} is not traced: "
+                             "context parallelism runs with FSDP2 over the data- and "
+                             "context-parallel ranks, as torchtitan runs it; use --strategy "
+                             "fsdp or zero2")
+        if self.cp > 1 and self.pp > 1:
+            raise ValueError("--cp with --pp is not traced; use one of them")
         if self.strategy is DataParallel.PIPELINE and self.dp > 1:
             raise ValueError(f"--strategy pipeline leaves {self.dp} data-parallel replicas; "
                              "give --pp × --tp = the GPUs, or a data-parallel --strategy "

@@ -142,8 +142,9 @@ def _cuda_assumptions(spec: TrainingSpec, gpu: GpuSpec | None, profile: EnvProfi
         "matrices, allocated through the caching allocator",
         f"headroom: {spec.headroom_fraction:.0%} of capacity kept free",
     ]
-    communicators = nccl_communicators(spec.parallel.dp, spec.parallel.tp, spec.parallel.pp) \
-        if spec.parallel is not None else 0
+    parallel = spec.parallel
+    communicators = (nccl_communicators(parallel.dp, parallel.tp, parallel.pp, parallel.cp)
+                     if parallel is not None else 0)
     if communicators:
         lines.append(f"NCCL: {communicators} communicator(s) of this rank's mesh × "
                      f"{format_bytes(NCCL_COMMUNICATOR_BYTES)} outside the allocator, counted "
