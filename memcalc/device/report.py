@@ -209,7 +209,8 @@ class DeviceReport(BaseModel):
     stage_peak_bytes: list[int] = []
     """A pipeline: each traced stage's rank's peak of live tensor bytes, in stage order (the
     reported figures are the largest stage's). A middle stage made like an earlier middle
-    one is not traced (its peak is at most that one's: ``memcalc.trace.rank.traced_ranks``)."""
+    one is not traced (its peak is at most that one's: ``memcalc.trace.rank.traced_ranks``).
+    Context parallelism: the first and last rank of the context-parallel group, likewise."""
     compute_peak_bytes: int | None = None
     """Live tensor bytes at the peak of forward + backward (traced only)."""
     optimizer_peak_bytes: int | None = None

@@ -62,7 +62,9 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from memcalc.trace.sdpa_backend import AttentionCall, cuda_sdpa_backend, math_attention
+from memcalc.errors import TraceError
+from memcalc.trace.sdpa_backend import (AttentionCall, cuda_sdpa_backend, fused_attention,
+                                        math_attention)
 
 ASSUMED_CAPABILITY = (8, 0)
 """Compute capability assumed when no GPU is named (an A100)."""
@@ -104,7 +106,9 @@ def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_c
     cuDNN attention keep the output and a log-sum-exp per row, also with dropout (the mask
     is regenerated from the RNG seed): CPU's flash kernel, run without dropout, keeps the
     same. The math backend runs step by step with CUDA's 1-byte dropout mask. Under autocast
-    the inputs are cast first (SDPA is on both lower-precision lists)."""
+    the inputs are cast first (SDPA is on both lower-precision lists). DTensors (context
+    parallelism: ``memcalc.trace.context_parallel``) go to the fused op itself, which torch's
+    ring attention runs."""
     autocast = torch.is_autocast_enabled("cpu")
     if autocast:
         low = torch.get_autocast_dtype("cpu")
@@ -117,6 +121,13 @@ def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_c
     target.attention_backends[backend] += 1
     gqa = {"enable_gqa": True} if enable_gqa else {}
     with torch.autocast("cpu", enabled=False) if autocast else contextlib.nullcontext():
+        ring = hasattr(query, "placements")
+        if ring and backend == "math":
+            raise TraceError("context parallelism needs a fused attention kernel (flash, "
+                             "memory-efficient or cuDNN); CUDA would run this attention on "
+                             "the math one")
+        if ring:
+            return fused_attention(backend, query, key, value, is_causal, scale)
         if backend == "math":
             return math_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                   scale=scale, enable_gqa=enable_gqa,

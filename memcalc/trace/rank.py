@@ -33,7 +33,13 @@ def traced_ranks(parallel: ParallelSpec | None, build_meta_model: Callable[[], n
     checkpointed): under GPipe it holds as many microbatches in flight, under 1F1B fewer,
     and it receives and sends the same buffers, so its peak is at most that one's. Every stage is
     traced under the interleaved schedule (a rank's two stages), and unless ``plain`` (no
-    compiled regions, no spatial split)."""
+    compiled regions, no spatial split). Under context parallelism, the first and the last
+    rank of the context-parallel group: the load-balanced causal ring runs each ring step
+    on half the queries where the keys come from a later rank, on half the keys where they
+    come from an earlier one, so the first rank runs only the former, the last only the
+    latter, and every other rank a mix of the two."""
+    if parallel is not None and parallel.cp > 1:
+        return [0, (parallel.cp - 1) * parallel.tp]
     if parallel is None or parallel.pp == 1:
         return [0]
     return [stage_rank(parallel, stage)

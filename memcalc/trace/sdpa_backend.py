@@ -116,3 +116,14 @@ def math_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
         probabilities = dropout(probabilities, dropout_p)
     probabilities.to(origin)   # the kernel's second output, dropped by the public function
     return torch.matmul(probabilities, value).to(origin)
+
+
+def fused_attention(backend: str, query, key, value, is_causal: bool, scale: float | None):
+    """The output of ``backend``'s fused attention op called directly, as torch's ring
+    attention (context parallelism) takes it: the memory-efficient op for ``efficient``, the
+    flash op for flash and cuDNN (each keeps the output and a float32 log-sum-exp per row)."""
+    if backend == "efficient":
+        return torch.ops.aten._scaled_dot_product_efficient_attention(
+            query, key, value, None, True, 0.0, is_causal, scale=scale)[0]
+    return torch.ops.aten._scaled_dot_product_flash_attention(
+        query, key, value, 0.0, is_causal, scale=scale)[0]

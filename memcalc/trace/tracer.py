@@ -37,6 +37,7 @@ from memcalc.trace.rank import (pipeline_rank, rank_of, remember_sequence_parall
                                 sequence_parallel_failure, traced_ranks, wrapped)
 from memcalc.distributed.parallelize import job_optimizer, local_optimizer
 from memcalc.distributed.specs import ParallelSpec
+from memcalc.trace.context_parallel import context_parallel_step
 from memcalc.trace.cuda_kernels import CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
 from memcalc.trace.numpy_limit import numpy_buffer_limit
@@ -224,8 +225,8 @@ FAILED_IN_STEP = "the model failed in the traced step: "
 
 
 def _traced(setup: StepSetup, replay: bool) -> TraceResult:
-    """The step of the job's rank (of each pipeline stage's first rank, the largest kept;
-    ``traced_ranks`` says which stages)."""
+    """The step of the job's rank (of each pipeline stage's first rank, or of the first and
+    last rank of a context-parallel group, the largest kept; ``traced_ranks`` says which)."""
     ranks = traced_ranks(setup.parallel, setup.build_meta_model, setup.checkpoint_blocks,
                          plain=not setup.compile_regions and setup.halo_axis is None)
     results = [_traced_rank(setup, replay, rank) for rank in ranks]
@@ -348,7 +349,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
             try:
                 if setup.optimizer_state_held:
                     prime_optimizer_state(optimizer, setup.keep_zeroed_grads, observer)
-                output_shape = _iterations(setup, iteration, cursor, offload, halo)
+                with context_parallel_step(setup.parallel, mesh, batch, setup.cuda_kernels):
+                    output_shape = _iterations(setup, iteration, cursor, offload, halo)
                 steps.finish()
             finally:   # the counter is the innermost mode: it must leave before the others
                 observer.stop_counting()
