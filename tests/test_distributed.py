@@ -12,7 +12,7 @@ from tests.fixtures.context_parallel_truth import (ATTENTION_LLAMA,
                                                   SEQUENCE as CP_SEQUENCE,
                                                   context_parallel_layout,
                                                   measure_context_parallel_peaks)
-from tests.fixtures.distributed_truth import (MODELS, PIPELINE_LLAMA, SEQUENCE, TINY_GPT2,
+from tests.fixtures.distributed_truth import (MODELS, TINY_LLAMA as TINY_LLAMA_ARGS, PIPELINE_LLAMA, SEQUENCE, TINY_GPT2,
                                               measure_rank_peaks, traced_layout)
 
 WORLD = 2
@@ -134,6 +134,22 @@ def test_fsdp_rank_holds_its_shard_of_the_states():
         assert rank.device.breakdown.parameters == pytest.approx(parameters / world, rel=0.01)
         assert rank.device.breakdown.optimizer_state == pytest.approx(
             2 * parameters / world, rel=0.02)
+
+
+@pytest.mark.parametrize("layout", [
+    ParallelSpec(strategy="pipeline", gpus_per_node=4, tp=2),
+    ParallelSpec(strategy="fsdp", gpus_per_node=4, tp=2, cp=2)])
+def test_a_second_rank_traced_in_one_process_runs_on_its_own_groups(layout):
+    """Pipelines and context-parallel groups trace two ranks, each in a fake process group
+    of its own. DTensor caches its sharding decisions with the device mesh they were made
+    on, and a new mesh of the same shape compares equal to the old one: unless the caches
+    are emptied with the group, the second rank's tensor parallelism is handed the first
+    one's mesh, whose group no longer resolves."""
+    args = {**TINY_LLAMA_ARGS, "depth": 4}
+    report = estimate(TrainingSpec(model="llama_7b", model_args=args, sample_shape=(SEQUENCE,),
+                                   device="cpu", batch_size=4, parallel=layout))
+    assert report.device.method == "traced", report.unsupported
+    assert len(report.device.stage_peak_bytes) == 2
 
 
 def test_a_storage_resized_in_place_is_freed_and_allocated_again():

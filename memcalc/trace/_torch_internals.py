@@ -655,6 +655,22 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_dtensor_shardings()
+
+
+def _forget_dtensor_shardings() -> None:
+    """DTensor's sharding-propagation caches emptied (torch ≥ 2.5, ``torch.distributed.tensor
+    .debug``): their entries hold the trace's device meshes, whose process groups are gone, and
+    a later mesh of the same shape compares equal to them, so a later trace (the next rank
+    of a pipeline or context-parallel group) or the caller's own DTensors would be handed a
+    mesh whose group no longer resolves."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    from torch.distributed.tensor import debug
+
+    clear = getattr(debug, "_clear_sharding_prop_cache", None)
+    if clear is not None:
+        clear()
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
