@@ -45,8 +45,9 @@ MISTAKES = {
                                               "--shape", "36"],
                                              r"--cp 4: the sequence length 36 does not split "
                                              r"into 2 × 4 .* multiple of 8"),
-    "cp on a model without attention": (["--model", "mlp", "--shape", "1024", "--strategy",
-                                         "fsdp", "--gpus", "2", "--cp", "2"],
+    "cp on a model without attention": (["--model", "tests.fixtures.models:tiny_mlp",
+                                         "--shape", "8,8", "--strategy", "fsdp", "--gpus",
+                                         "2", "--cp", "2"],
                                         r"--cp: the model ran no .*drop --cp"),
     "model without a tensor plan": (["--model", "mlp", "--shape", "1024", "--strategy", "fsdp",
                                      "--gpus", "2", "--tp", "2"], r"--tp: .*drop --tp"),
@@ -63,6 +64,20 @@ def test_a_mistake_is_one_error_line(case):
     assert_exited_cleanly(result)
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error")]
     assert len(errors) == 1 and re.search(message, result.stderr.replace("\n", " "))
+
+
+def test_a_model_that_fails_on_its_split_sequence_is_a_static_answer_that_says_why():
+    """The MLP's features (axis 1) split by --cp: its first layer refuses them before any
+    attention ran. memcalc cannot tell a model without a sequence from one it fails on, so
+    the trace fails with the reason and the answer is the static count, said so."""
+    result = CliRunner().invoke(main, ["estimate", "--device", "cpu", "--batch-size", "2",
+                                       "--model", "mlp", "--shape", "1024", "--strategy",
+                                       "fsdp", "--gpus", "2", "--cp", "2", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["device"]["method"] != "traced"
+    assert any("input split on axis 1 before any attention ran" in line
+               for line in report["unsupported"])
 
 
 def test_the_json_report_carries_the_layout_and_one_rank():

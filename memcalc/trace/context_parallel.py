@@ -46,7 +46,6 @@ def context_parallel_step(parallel: ParallelSpec | None, mesh, batch: ModelCall,
 
     buffers = sequence_buffers(batch, parallel.cp)
     attention = RingAttention(cuda_target)
-    failed = ""
     try:
         with (context_parallel(mesh.cp, buffers=buffers,
                                buffer_seq_dims=[SEQUENCE_AXIS] * len(buffers),
@@ -58,11 +57,13 @@ def context_parallel_step(parallel: ParallelSpec | None, mesh, batch: ModelCall,
         if attention.calls:
             raise
         first = (str(error).splitlines() or [""])[0]
-        failed = f" (it failed first: {type(error).__name__}: {first})"
+        raise TraceError(f"context parallelism: the model failed on its input split on axis 1 "
+                         f"before any attention ran ({type(error).__name__}: {first})"
+                         ) from error
     if not attention.calls:
         raise InputError("--cp: the model ran no torch.nn.functional.scaled_dot_product_"
-                         f"attention on its input split on axis 1{failed}; context parallelism "
-                         "splits attention's sequence over the ranks: drop --cp for this model")
+                         "attention on its input split on axis 1; context parallelism splits "
+                         "attention's sequence over the ranks: drop --cp for this model")
 
 
 def sequence_buffers(batch: ModelCall, cp: int) -> list[torch.Tensor]:
