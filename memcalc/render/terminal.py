@@ -64,6 +64,9 @@ def _one_rank(parallel) -> str:
     if parallel.pp > 1:
         return (f" per pipeline replica\nthe rank of the largest stage of {parallel.describe()}"
                 " (each stage's first rank traced in a fake process group)")
+    if parallel.cp > 1:
+        return (f" per context-parallel group\n{parallel.describe()}: the larger of a group's "
+                "first and last rank (each traced in a fake process group)")
     return f" per GPU\none rank of {parallel.describe()} (traced in a fake process group)"
 
 

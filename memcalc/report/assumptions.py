@@ -206,8 +206,8 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
                      f"repeated blocks: {blocks[0]} … {blocks[-1]}")
     if spec.parallel is not None:
         lines.append(
-            f"one rank (rank 0) of {spec.parallel.describe()}: traced in torch's fake process "
-            "group with the real wrappers (memcalc.distributed), batch per GPU; every "
+            f"{_traced_rank(spec.parallel)} of {spec.parallel.describe()}: traced in torch's "
+            "fake process group with the real wrappers (memcalc.distributed); every "
             "collective finishes at once (a buffer a slow link keeps in flight longer is not "
             "counted); NCCL's own buffers lie outside the caching allocator (on a GPU, counted "
             "with the CUDA context)"
@@ -309,3 +309,16 @@ def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
 
 TRACE_FAILED_PREFIX = "traced step: "
 """Starts the ``unsupported`` line that says why an estimate is static."""
+
+
+def _traced_rank(parallel) -> str:
+    """Which rank the figures are of, and what its batch counts."""
+    if parallel.cp > 1:
+        return (f"the larger of ranks 0 and {(parallel.cp - 1) * parallel.tp} (the first and "
+                "last of a context-parallel group: torch's load-balanced causal ring gives them "
+                "different halves of its work; ring attention on the fused kernel CUDA picks, "
+                "keys and values all-gathered, torch's default), batch per context-parallel "
+                "group")
+    if parallel.pp > 1:
+        return "the rank of the largest traced stage, batch per pipeline replica"
+    return "one rank (rank 0), batch per GPU"
