@@ -52,7 +52,8 @@ from memcalc.trace.flops import StepFlops
 from memcalc.trace.halos import not_splittable_reason, slab_shape, split_axis
 from memcalc.trace.optimizers import OptimizerRule, configured_rule
 from memcalc.trace.precision import precision_policy
-from memcalc.trace._torch_internals import callers_torch_modes_set_aside
+from memcalc.trace._torch_internals import (callers_torch_modes_set_aside,
+                                            dtensor_caches_left_clean)
 from memcalc.trace.compiled import eager_model
 from memcalc.trace.tracer import StepSetup
 
@@ -82,7 +83,7 @@ def estimate(spec: TrainingSpec, progress: Progress | None = None, *,
     largest batch on the common cards (``memcalc.device.card_fit``: a second trace for the
     line, and up to ``CONFIRM_TRACES`` more to confirm); False leaves ``device.card_fits``
     empty."""
-    with callers_torch_modes_set_aside():
+    with dtensor_caches_left_clean(), callers_torch_modes_set_aside():
         report = _estimate(spec, progress, layer_tables, card_fits, batch_search)
         validating = spec.validation_spec()
         if validating is None:

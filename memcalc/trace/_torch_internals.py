@@ -638,11 +638,18 @@ _NO_KERNEL = frozenset({"empty", "empty_like", "empty_strided", "new_empty",
 """Ops that allocate or read a scalar without launching a kernel."""
 
 
+_LAST_GROUP: list[tuple] = []
+"""The key of the last fake process group this process made (none since the caches were
+last emptied: ``_forget_dtensor_shardings``)."""
+
+
 @contextlib.contextmanager
-def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
+def fake_process_group(world_size: int, rank: int = 0, layout: tuple = ()) -> Iterator[None]:
     """This process as ``rank`` of a ``world_size``-rank job on torch's ``fake`` backend
     (every collective a no-op): the default process group for the duration, destroyed after.
-    Refused when the process already has one (a real job's group is never replaced)."""
+    Refused when the process already has one (a real job's group is never replaced).
+    ``layout``: what decides the subgroups the trace will make (the mesh's dimensions); a
+    group of another layout or rank than the last one empties DTensor's caches first."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
@@ -650,20 +657,26 @@ def fake_process_group(world_size: int, rank: int = 0) -> Iterator[None]:
         raise RuntimeError("this torch build has no torch.distributed")
     if dist.is_initialized():
         raise RuntimeError("this process already has a default process group")
+    key = (world_size, rank, layout)
+    if _LAST_GROUP and _LAST_GROUP[0] != key:
+        _forget_dtensor_shardings()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    _LAST_GROUP[:] = [key]
     try:
         yield
     finally:
         dist.destroy_process_group()
-        _forget_dtensor_shardings()
 
 
 def _forget_dtensor_shardings() -> None:
     """DTensor's sharding-propagation caches emptied (torch ≥ 2.5, ``torch.distributed.tensor
-    .debug``): their entries hold the trace's device meshes, whose process groups are gone, and
-    a later mesh of the same shape compares equal to them, so a later trace (the next rank
-    of a pipeline or context-parallel group) or the caller's own DTensors would be handed a
-    mesh whose group no longer resolves."""
+    .debug``). Their entries hold the device meshes of the traces that made them, and a later
+    mesh of the same shape compares equal to those: the same layout and rank make their
+    subgroups again under the same names, but another rank (the next stage of a pipeline,
+    the last rank of a context-parallel group), another layout, or the caller's own job would
+    be handed a mesh whose group no longer resolves, or resolves to another one. Kept between
+    traces of one rank (a batch search: the caches save each trace about a fifth)."""
+    _LAST_GROUP.clear()
     if "torch.distributed.tensor" not in sys.modules:
         return
     from torch.distributed.tensor import debug
@@ -671,6 +684,17 @@ def _forget_dtensor_shardings() -> None:
     clear = getattr(debug, "_clear_sharding_prop_cache", None)
     if clear is not None:
         clear()
+
+
+@contextlib.contextmanager
+def dtensor_caches_left_clean() -> Iterator[None]:
+    """Around a public call: DTensor's caches emptied on the way out where a fake process
+    group was made in it (the caller's DTensors must never meet its meshes)."""
+    try:
+        yield
+    finally:
+        if _LAST_GROUP:
+            _forget_dtensor_shardings()
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

@@ -73,7 +73,8 @@ def rank_of(parallel: ParallelSpec | None, rank: int = 0) -> Iterator:
         return
     python_random, torch_random = random.getstate(), torch.get_rng_state()
     try:
-        group = fake_process_group(parallel.world_size, rank)
+        group = fake_process_group(parallel.world_size, rank,
+                                   (parallel.pp, parallel.dp, parallel.cp, parallel.tp))
         group.__enter__()
     except RuntimeError as error:
         raise TraceError(f"cannot trace a {parallel.world_size}-rank job here: {error} "
