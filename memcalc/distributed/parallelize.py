@@ -3,7 +3,7 @@ split — ``memcalc.distributed.pipeline_split``, applied by the tracer, which t
 stage —, tensor parallel, then data parallel), each with the real torch wrapper.
 
 Context parallelism is not a wrapper of the model: the traced step runs under torch's
-``context_parallel`` (``memcalc.distributed.context_parallel``), and FSDP2 shards over the
+``context_parallel`` (``memcalc.trace.context_parallel``), and FSDP2 shards over the
 data- and context-parallel ranks together (torchtitan's ``dp_shard_cp`` mesh).
 
 Known limitations: tensor parallelism shards the ``nn.Linear`` layers of the repeated blocks

@@ -40,9 +40,9 @@ class PipelineSchedule(str, Enum):
 
 
 REPLICATED = frozenset({DataParallel.DDP, DataParallel.ZERO1})
+"""Strategies whose ranks each hold all the parameters (DDP's wrapper)."""
 CONTEXT_PARALLEL_WITH = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
 """Strategies traced with context parallelism (FSDP2 over the dp × cp ranks)."""
-"""Strategies whose ranks each hold all the parameters (DDP's wrapper)."""
 DDP_BUCKET_CAP_MB = 25.0
 """``DistributedDataParallel``'s default ``bucket_cap_mb``."""
 
