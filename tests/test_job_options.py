@@ -66,18 +66,23 @@ def test_a_mistake_is_one_error_line(case):
     assert len(errors) == 1 and re.search(message, result.stderr.replace("\n", " "))
 
 
-def test_a_model_that_fails_on_its_split_sequence_is_a_static_answer_that_says_why():
+@pytest.mark.parametrize("model, shape, why", [
+    ("mlp", "1024", "input split on axis 1 before any attention ran"),
+    ("tests.fixtures.models:attention_with_dropout", "64,64",
+     "traced for causal attention without a mask .* has is_causal=False")])
+def test_a_model_context_parallelism_cannot_run_is_a_static_answer_that_says_why(model, shape,
+                                                                              why):
     """The MLP's features (axis 1) split by --cp: its first layer refuses them before any
-    attention ran. memcalc cannot tell a model without a sequence from one it fails on, so
-    the trace fails with the reason and the answer is the static count, said so."""
+    attention ran (memcalc cannot tell a model without a sequence from one it fails on). A
+    bidirectional attention: torch's load-balanced ring needs a causal one. Either way the
+    trace fails with the reason and the answer is the static count, said so."""
     result = CliRunner().invoke(main, ["estimate", "--device", "cpu", "--batch-size", "2",
-                                       "--model", "mlp", "--shape", "1024", "--strategy",
+                                       "--model", model, "--shape", shape, "--strategy",
                                        "fsdp", "--gpus", "2", "--cp", "2", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["device"]["method"] != "traced"
-    assert any("input split on axis 1 before any attention ran" in line
-               for line in report["unsupported"])
+    assert any(re.search(why, line) for line in report["unsupported"])
 
 
 def test_the_json_report_carries_the_layout_and_one_rank():
