@@ -108,6 +108,10 @@ def test_context_parallel_ranks_within_1_percent_of_the_real_job(world, cp, tp):
     assert first == pytest.approx(measured[0], rel=0.01)
     assert last == pytest.approx(measured[(cp - 1) * tp], rel=0.01)
     assert tp == 1 or not any("no sequence parallel" in line for line in report.assumptions)
+    # what its ring moves: keys and values (fp32, each rank's heads) gathered in forward and
+    # again in backward, their gradients passed round; the rank receives (cp - 1)/cp
+    key_value = ATTENTION_LLAMA["depth"] * 2 * 2 * CP_SEQUENCE * ATTENTION_LLAMA["dim"] // tp * 4
+    assert report.device.ring_exchange_bytes == 3 * key_value * (cp - 1) // cp
     alone = estimate(TrainingSpec(model="llama_7b", model_args=ATTENTION_LLAMA,
                                   sample_shape=(CP_SEQUENCE // cp,), device="cpu", batch_size=2,
                                   parallel=layout.model_copy(update={"cp": 1})))

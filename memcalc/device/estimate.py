@@ -21,6 +21,7 @@ from memcalc.device.report import (
 )
 from memcalc.dtypes import element_size
 from memcalc.specs import DeviceKind, TrainingSpec
+from memcalc.trace.context_parallel import ring_exchange_bytes
 from memcalc.trace.cuda_autocast_audit import left_at_cpu_policy
 from memcalc.trace.precision import precision_policy
 from memcalc.trace.reported_ops import CONV_OPS, CUBLAS_OPS
@@ -104,6 +105,8 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         peak_phase=peak_record.phase.value if peak_record else None,
         compute_peak_bytes=compute_peak, optimizer_peak_bytes=optimizer_peak,
         offloaded_bytes=trace.offloaded_bytes, halo_exchange_bytes=trace.halo_bytes,
+        ring_exchange_bytes=(ring_exchange_bytes(trace.ring_bytes, spec.parallel.cp)
+                             if spec.parallel else 0),
         host_tensor_bytes=trace.host_bytes, compile_fallbacks=list(trace.compile_fallbacks),
         sequence_parallel_dropped=trace.sequence_parallel_dropped,
         stage_peak_bytes=list(trace.stage_peak_bytes),

@@ -206,6 +206,9 @@ class DeviceReport(BaseModel):
     not part of the GPU's figures."""
     halo_exchange_bytes: int = 0
     """Halo rows one GPU receives in one iteration under spatial parallelism."""
+    ring_exchange_bytes: int = 0
+    """Keys, values and their gradients one rank receives in one iteration under context
+    parallelism (torch's ring attention; ``memcalc.trace.context_parallel``)."""
     stage_peak_bytes: list[int] = []
     """A pipeline: each traced stage's rank's peak of live tensor bytes, in stage order (the
     reported figures are the largest stage's). A middle stage made like an earlier middle

@@ -18,7 +18,7 @@ sharded on axis 1 (tokens or embeddings: batch, sequence, …).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -36,21 +36,24 @@ _SDPA = F.scaled_dot_product_attention
 
 @contextlib.contextmanager
 def context_parallel_step(parallel: ParallelSpec | None, mesh, batch: ModelCall,
-                          cuda_target: bool) -> Iterator[None]:
-    """The traced iterations of one context-parallel rank (nothing without ``parallel.cp``).
-    ``cuda_target``: the CUDA kernel substitution is active below (it picks the fused op)."""
+                          cuda_target: bool, backward: Callable[[], bool]
+                          ) -> Iterator[RingAttention | None]:
+    """The traced iterations of one context-parallel rank (nothing without ``parallel.cp``),
+    yielding the ring attention that counts their attention calls and what its ring moves.
+    ``cuda_target``: the CUDA kernel substitution is active below (it picks the fused op);
+    ``backward``: whether the step is in its backward pass (a recomputation)."""
     if parallel is None or parallel.cp == 1:
-        yield
+        yield None
         return
     from torch.distributed.tensor.experimental import context_parallel
 
     buffers = sequence_buffers(batch, parallel.cp)
-    attention = RingAttention(cuda_target)
+    attention = RingAttention(cuda_target, backward)
     try:
         with (context_parallel(mesh.cp, buffers=buffers,
                                buffer_seq_dims=[SEQUENCE_AXIS] * len(buffers),
                                no_restore_buffers=set(buffers)), attention):
-            yield
+            yield attention
     except MemcalcError:
         raise
     except Exception as error:   # the model's own code, on an input split on axis 1
@@ -82,15 +85,27 @@ def sequence_buffers(batch: ModelCall, cp: int) -> list[torch.Tensor]:
     return tensors
 
 
+def ring_exchange_bytes(moved_bytes: int, cp: int) -> int:
+    """Bytes one rank of a ``cp``-rank ring receives of ``moved_bytes`` (``RingAttention.
+    moved_bytes``, whole sequence): the (cp − 1)/cp of them it does not hold."""
+    return moved_bytes * (cp - 1) // cp
+
+
 class RingAttention(TorchFunctionMode):
     """``F.scaled_dot_product_attention`` on the DTensors ``context_parallel`` made, run on a
     fused op (ring attention); an attention torch did not patch (the model bound the
     function before the job patched it) or one ring attention cannot run is an error."""
 
-    def __init__(self, cuda_target: bool) -> None:
+    def __init__(self, cuda_target: bool, backward: Callable[[], bool]) -> None:
         super().__init__()
         self.cuda_target = cuda_target
+        self.backward = backward
         self.calls = 0
+        self.moved_bytes = 0
+        """Keys and values (the DTensors' global size) the ring moves round, whole sequence:
+        every run gathers its keys and values (a checkpointed block's recomputation in
+        backward too), and every forward run's backward gathers them again and passes their
+        gradients round (torch's default all-gather rotation, gradients all-to-all)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -101,6 +116,8 @@ class RingAttention(TorchFunctionMode):
                     kwargs.get("is_causal", args[5] if len(args) > 5 else False),
                     kwargs.get("enable_gqa", False))
         self.calls += 1
+        key_value = sum(tensor.numel() * tensor.element_size() for tensor in (key, value))
+        self.moved_bytes += key_value if self.backward() else 3 * key_value
         if self.cuda_target:     # the kernel substitution below picks CUDA's fused op
             return func(*args, **kwargs)
         scale = kwargs.get("scale", args[6] if len(args) > 6 else None)

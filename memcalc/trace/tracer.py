@@ -45,7 +45,7 @@ from memcalc.trace.cudnn_workspace import WorkspaceModel
 from memcalc.errors import MemcalcError, TraceError, at_user_frame, first_line
 from memcalc.model.inputs import (InputTensor, ModelCall, ModelInputs, make_call,
                                   require_binding)
-from memcalc.trace.ledger import MemoryLedger, StorageRecord
+from memcalc.trace.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.trace.compiled import compiled_regions, fallbacks
 from memcalc.trace.host_tensors import HostTensorCounter
 from memcalc.trace.offload import OffloadCounter
@@ -173,6 +173,10 @@ class TraceResult:
     sequence_parallel_dropped: str = ""
     """Why the rank was traced without the sequence parallelism it asked for ("": it was
     not asked for, or traced with it)."""
+    ring_bytes: int = 0
+    """Context parallelism: keys, values and their gradients (whole sequence) one iteration's
+    ring attention moves round, of which a rank receives a share
+    (``context_parallel.ring_exchange_bytes``)."""
     sized_records: dict[int, SizeRule] = field(default_factory=dict)
     """Ledger records whose bytes a rule gives (cuDNN workspaces, CUDA's embedding backward
     scratch), by record id."""
@@ -349,7 +353,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
             try:
                 if setup.optimizer_state_held:
                     prime_optimizer_state(optimizer, setup.keep_zeroed_grads, observer)
-                with context_parallel_step(setup.parallel, mesh, batch, setup.cuda_kernels):
+                with context_parallel_step(setup.parallel, mesh, batch, setup.cuda_kernels,
+                                           lambda: cursor.phase is Phase.BACKWARD) as ring:
                     output_shape = _iterations(setup, iteration, cursor, offload, halo)
                 steps.finish()
             finally:   # the counter is the innermost mode: it must leave before the others
@@ -363,7 +368,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                        dict(kernels.target.attention_backends) if kernels else {},
                        tuple(sorted(kernels.target.unmodelled if kernels else
                                     columns.unmodelled if columns else ())),
-                       compile_fallbacks=fallbacks(regions), sized_records=sized)
+                       compile_fallbacks=fallbacks(regions), sized_records=sized,
+                       ring_bytes=ring.moved_bytes // setup.iterations if ring else 0)
 
 
 def _note_rule(watcher: StorageWatcher, sized: dict[int, SizeRule], tensor: torch.Tensor,
