@@ -27,7 +27,6 @@ from memcalc.pipeline import estimate as estimate_spec
 from memcalc.pipeline import planner_estimate
 from memcalc.pipeline import training_step_flops
 from memcalc.progress import announce
-from memcalc.report.assumptions import TRACE_FAILED_PREFIX
 from memcalc.device.report import BatchPlan, DeviceReport
 from memcalc.report.models import Report
 from memcalc.report_pool import ReportPool, workers_for
@@ -265,8 +264,7 @@ def _verdict(report: Report) -> str:
 
 def _untraced_message(report: Report, device: DeviceReport) -> str:
     step = "validation" if device is report.validation else "training"
-    why = next((line.removeprefix(TRACE_FAILED_PREFIX).split(";")[0]
-                for line in report.unsupported if line.startswith(TRACE_FAILED_PREFIX)), "")
+    why = report.trace_failure
     return (f"fit unknown: the {step} step could not be traced ({why or 'see the report'}); "
             f"the static lower bound for batch {device.batch_size} is "
             f"{format_bytes(device.total_bytes)} of {format_bytes(device.usable_bytes)} "

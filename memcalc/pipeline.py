@@ -211,6 +211,7 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
         + step_assumptions(spec, checkpoint_blocks=blocks,
                            traced_sample_shape=layout.traced_sample_shape,
                            halo_exchange_bytes=device.halo_exchange_bytes,
+                           ring_exchange_bytes=device.ring_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes,
                            tensor_layout=_tensor_layout(spec, prepared.model,
                                                         device.sequence_parallel_dropped))

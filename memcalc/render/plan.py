@@ -32,6 +32,8 @@ ABBREVIATIONS = {
     "zero2": ("Z2", "ZeRO stage 2 (+ gradients sharded)"),
     "fsdp": ("FSDP", "fully sharded data parallel"),
     "pipeline": ("PP", "pipeline parallel"),
+    "context-parallel": ("CP", "context parallel (×n: each sample's sequence split over a "
+                               "group of n GPUs, ring attention; its batch is per group)"),
     "spatial": ("SP", "spatial split of each sample"),
 }
 
@@ -150,6 +152,9 @@ def plan_renderable(plan: StrategyPlan, wide: bool = False) -> Group:
                  + ",".join(map(str, plan.largest_sample_shape)))
     captions = (["batch/GPU of SP×G: samples per group of G GPUs, each GPU a slab"]
                 if any(c.spatial_parts > 1 for c in shown) else [])
+    if any(c.context_parallel > 1 for c in shown):
+        captions.append("batch/GPU and at job b of CP×G: per group of G GPUs, each GPU 1/G of "
+                        "every sequence")
     if not wide:
         captions.append(_legend([c.label for c in shown]))
         if any(c.accumulation_steps > 1 for c in shown):

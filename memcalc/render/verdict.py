@@ -152,7 +152,8 @@ def plan_verdict(plan: StrategyPlan) -> str:
     gpus = f"{chosen.gpus} GPU{'s' if chosen.gpus > 1 else ''}"
     at_job = ("" if chosen.job_batch_peak_bytes is None else
               f" (batch {plan.job_batch_size}: {format_bytes(chosen.job_batch_peak_bytes)})")
-    return (f"PLAN: {short_label(chosen.label)} on {gpus}: batch {chosen.max_batch_size}/GPU "
+    per = "/GPU" if chosen.sample_group == 1 else f" per {chosen.sample_group} GPUs"
+    return (f"PLAN: {short_label(chosen.label)} on {gpus}: batch {chosen.max_batch_size}{per} "
             f"needs {format_bytes(chosen.per_gpu_peak_bytes)} / "
             f"{format_bytes(plan.usable_bytes)} usable{at_job}, "
             f"{samples_per_s_text(chosen.samples_per_s)} samples/s")

@@ -14,6 +14,7 @@ from memcalc.trace.cuda_kernels import ASSUMED_CAPABILITY
 from memcalc.trace.optimizers import configured_rule
 from memcalc.trace.precision import precision_policy
 from memcalc.eval_specs import SlidingWindowSpec
+from memcalc.report.models import TRACE_FAILED_PREFIX
 from memcalc.model.sliding_window import monai_version
 from memcalc.specs import (DeviceKind, GradMode, LossKind, ModuleLoading, OptimizerImpl,
                            Precision, StepPhase, TrainingSpec)
@@ -193,7 +194,8 @@ def unsupported(spec: TrainingSpec) -> list[str]:
 
 def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
                      traced_sample_shape: tuple[int, ...], halo_exchange_bytes: int,
-                     offloaded_bytes: int, tensor_layout: str = "") -> list[str]:
+                     offloaded_bytes: int, tensor_layout: str = "",
+                     ring_exchange_bytes: int = 0) -> list[str]:
     """What the traced step itself was made to do: checkpointing, spatial split, offloading.
     ``tensor_layout``: what tensor parallelism applied beyond the column/row-wise plan
     (``TensorLayout.describe``)."""
@@ -211,7 +213,9 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
             "collective finishes at once (a buffer a slow link keeps in flight longer is not "
             "counted); NCCL's own buffers lie outside the caching allocator (on a GPU, counted "
             "with the CUDA context)"
-            + (f"; tensor parallel with {tensor_layout}" if tensor_layout else ""))
+            + (f"; tensor parallel with {tensor_layout}" if tensor_layout else "")
+            + (f"; ring attention brings each rank {format_bytes(ring_exchange_bytes)} of "
+               "keys, values and their gradients per iteration" if ring_exchange_bytes else ""))
     if spec.spatial_parts > 1:
         lines.append(
             f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "
@@ -307,8 +311,6 @@ def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
     return lines + unsupported(spec)
 
 
-TRACE_FAILED_PREFIX = "traced step: "
-"""Starts the ``unsupported`` line that says why an estimate is static."""
 
 
 def _traced_rank(parallel) -> str:

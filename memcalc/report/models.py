@@ -41,6 +41,10 @@ class InputSummary(BaseModel):
     """How the model was called (``tensors``, ``detection``, ``encoder-decoder``)."""
 
 
+TRACE_FAILED_PREFIX = "traced step: "
+"""Starts the ``unsupported`` line that says why an estimate is static."""
+
+
 class Report(BaseModel):
     """Everything one estimate found, with what it assumed and what it could not model.
 
@@ -69,3 +73,10 @@ class Report(BaseModel):
     """Host RAM while the job validates: the validation loader's workers and whole volumes,
     what the validation step keeps on the CPU, and the training loader's persistent
     workers; None when the job has no validation step."""
+
+    @property
+    def trace_failure(self) -> str:
+        """Why the step could not be traced, from its ``unsupported`` lines ("" where none
+        says)."""
+        return next((line.removeprefix(TRACE_FAILED_PREFIX).split(";")[0]
+                     for line in self.unsupported if line.startswith(TRACE_FAILED_PREFIX)), "")

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from memcalc.device.cuda_overheads import nccl_bytes
+from memcalc.errors import TraceError
 from memcalc.host.workers import host_estimate
 from memcalc.strategies.cost import bandwidth_bytes_per_s
 from memcalc.strategies.launch import per_process_host
@@ -19,6 +20,8 @@ from memcalc.units import format_bytes
 if TYPE_CHECKING:
     from memcalc.device.gpus import GpuSpec
     from memcalc.device.report import BatchPlan, DeviceReport
+    from memcalc.report.models import Report
+    from memcalc.specs import TrainingSpec
     from memcalc.strategies.rules import DerivedRule
     from memcalc.strategies.sharding import ModelStates
     from memcalc.strategies.specs import ClusterSpec
@@ -44,6 +47,15 @@ class PlanContext:
     job_batch: int | None = None
     """The job's own batch per GPU (``--batch-size``), at which candidates also say their
     peak; None: not given."""
+
+
+def rank_report(context: PlanContext, spec: TrainingSpec) -> Report:
+    """The report of one rank of the job; a ``TraceError`` where its step could not be
+    traced (a static count of one GPU is no rank of the job)."""
+    report = context.estimator.report(spec)
+    if report.device.method != "traced":
+        raise TraceError(f"its trace failed: {report.trace_failure or 'static'}")
+    return report
 
 
 @dataclass(frozen=True)
@@ -203,31 +215,35 @@ def distributed_candidate(rule: DerivedRule, base: TracedVariant, gpus: int,
 def scheduled_candidate(rule: DerivedRule, base: TracedVariant, *, gpus: int, data_ranks: int,
                         batching: Batching, peak: int,
                         context: tuple[ClusterSpec, GpuSpec, ModelStates],
-                        method: str, notes: list[str], job_batch_peak: int | None = None
-                        ) -> Candidate:
+                        method: str, notes: list[str], job_batch_peak: int | None = None,
+                        group: int = 1, exchange_s: float = 0.0) -> Candidate:
     """``rule``'s candidate on ``gpus`` GPUs at ``batching`` with ``peak`` bytes per GPU, its
     step timed on ``base``'s FLOPs: compute (with the rule's schedule over the micro-batches
-    of a step) and what crosses the interconnect; labelled by the rule on ``base``."""
+    of a step) and what crosses the interconnect; labelled by the rule on ``base``.
+    ``group``: GPUs of a context-parallel group, which share each sample's work (1: none);
+    ``exchange_s``: seconds of the step's exchanges beyond the layout's own (its ring's)."""
     cluster, gpu, states = context
     device, steps = base.report.device, batching.steps
     micro = max(batching.micro, 1)
     # a base traced per GPU computes its share of the same samples on every GPU
     flops = base.flops_per_sample * micro * steps * (gpus if rule.traced_per_gpu else data_ranks)
     # each GPU launches every op of its steps (a pipeline stage: its share of them)
-    launched = steps * (1 if rule.traced_per_gpu else data_ranks / gpus)
+    launched = steps * (1 if rule.traced_per_gpu else data_ranks * group / gpus)
     compute_s = rule.compute_s(base.compute_seconds(flops / gpus, gpu, cluster.mfu, launched),
                                steps, gpus)
     bandwidth = bandwidth_bytes_per_s(cluster, gpus)
     halo_per_sample = device.halo_exchange_bytes / max(device.batch_size, 1)
     communication = (rule.communication_s(states, gpus, bandwidth)
                      + steps * 2 * halo_per_sample * micro / bandwidth
-                     + steps * 2 * offloaded_at(device, micro) / HOST_LINK_BYTES_PER_S)
-    name = rule.name(base.spec)
+                     + steps * 2 * offloaded_at(device, micro) / HOST_LINK_BYTES_PER_S
+                     + exchange_s)
+    name = rule.name(base.spec) + (f" + context-parallel×{group}" if group > 1 else "")
     label = name if base.rule.as_given else f"{name} + {base.label}"
     return _candidate(strategy=rule.strategy, label=label, gpus=gpus, method=method,
                       peak=peak, batching=batching,
                       timing=Timing(flops, compute_s, communication), notes=notes,
-                      spatial_parts=base.spec.spatial_parts, job_batch_peak=job_batch_peak)
+                      spatial_parts=base.spec.spatial_parts, job_batch_peak=job_batch_peak,
+                      context_parallel=group)
 
 
 def fewest_fitting_gpus(rule: DerivedRule, base: TracedVariant, states: ModelStates,
@@ -297,10 +313,12 @@ def _peak(model_bytes: int, per_sample: int, micro: int) -> int:
 
 def _candidate(*, strategy: Strategy, label: str, gpus: int, method: str, peak: int,
                batching: Batching, timing: Timing, notes: list[str],
-               spatial_parts: int = 1, job_batch_peak: int | None = None) -> Candidate:
+               spatial_parts: int = 1, job_batch_peak: int | None = None,
+               context_parallel: int = 1) -> Candidate:
     step_time = timing.compute_s + timing.communication_s
     return Candidate(
-        strategy=strategy, label=label, gpus=gpus, spatial_parts=spatial_parts, method=method,
+        strategy=strategy, label=label, gpus=gpus, spatial_parts=spatial_parts,
+        context_parallel=context_parallel, method=method,
         per_gpu_peak_bytes=peak, max_batch_size=batching.micro,
         accumulation_steps=batching.steps, global_batch_size=batching.global_batch,
         flops_per_step=timing.flops, compute_s=timing.compute_s,

@@ -15,6 +15,7 @@ from memcalc.strategies.crop import largest_fitting_sample
 from memcalc.strategies.launch import launch_files
 from memcalc.strategies.plan_text import plan_assumptions, plan_reason, skipped_text, static_warning
 from memcalc.strategies.rank_candidates import Screened, trace_ranks
+from memcalc.strategies.rank_context import context_parallel_rows
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.report import Candidate, StrategyPlan
 from memcalc.strategies.rules import (
@@ -70,10 +71,13 @@ def plan_strategies(spec: TrainingSpec, cluster: ClusterSpec, estimator: Variant
     screened, failures, skipped = _derived_candidates(variants, largest_unit_fraction(model),
                                                       context, candidates, prune, focus)
     spatial = [s.candidate for s in screened if s.candidate.spatial_parts > 1]
-    derived, not_ranked = trace_ranks([s for s in screened if s.candidate.spatial_parts == 1],
-                                      candidates + spatial, context)
+    whole = [s for s in screened if s.candidate.spatial_parts == 1]
+    derived, not_ranked = trace_ranks(whole, candidates + spatial, context)
     derived += spatial
-    failures += not_ranked
+    ring, ring_notes = context_parallel_rows(whole, candidates + derived, context,
+                                             _sequence(baseline))
+    derived += ring
+    failures += not_ranked + ring_notes
     ranked = sorted(candidates + derived, key=lambda c: rank_key(c, cluster))
     chosen = _choose(ranked, cluster)
     usable = baseline.report.device.plan.usable_bytes
@@ -192,6 +196,13 @@ def _states(base: TracedVariant, unit_fraction: float) -> ModelStates:
                        gradient_bytes=static.gradient_bytes,
                        optimizer_state_bytes=static.optimizer_state_bytes,
                        largest_unit_parameter_bytes=int(static.parameter_bytes * unit_fraction))
+
+
+def _sequence(baseline: TracedVariant) -> int | None:
+    """The length of the traced input's axis 1 (batch first), which context parallelism
+    splits; None where the input has no such axis."""
+    shape = baseline.report.input.traced_batch_shape
+    return shape[1] if len(shape) > 1 else None
 
 
 def _choose(ranked: list[Candidate], cluster: ClusterSpec) -> Candidate | None:

@@ -57,8 +57,10 @@ def plan_reason(chosen: Candidate | None, ranked: list[Candidate], cluster: Clus
     where = (f"needs {chosen.gpus} GPUs: nothing fits on {cluster.gpus}" if beyond
              else f"on the {counted(cluster.gpus, 'GPU')} given")
     samples = "sample" if chosen.max_batch_size == 1 else "samples"
-    holder = ("GPU" if chosen.spatial_parts == 1 else
-              f"group of {chosen.spatial_parts} GPUs (each GPU a 1/{chosen.spatial_parts} slab)")
+    group = chosen.sample_group
+    holder = ("GPU" if group == 1 else
+              f"group of {group} GPUs (each GPU a 1/{group} slab)" if chosen.spatial_parts > 1
+              else f"group of {group} GPUs (each GPU 1/{group} of every sequence)")
     # as fast within the tie share (the same key up to the speed's rung), faster still
     tied = [c for c in fitting if c.samples_per_s > chosen.samples_per_s
             and rank_key(c, cluster)[:4] == rank_key(chosen, cluster)[:4]]

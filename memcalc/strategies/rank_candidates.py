@@ -24,7 +24,8 @@ from memcalc.distributed.specs import REPLICATED, DataParallel, ParallelSpec
 from memcalc.errors import MemcalcError
 from memcalc.specs import Precision
 from memcalc.strategies.candidates import (accumulation, global_batch_note, planned_peak_at,
-                                           scheduled_candidate)
+                                           rank_report, scheduled_candidate)
+from memcalc.strategies.cost import bandwidth_bytes_per_s
 from memcalc.strategies.rank_pipeline import (first_microbatch, pipeline_trial, pipeline_trials,
                                               traced_pipeline)
 from memcalc.strategies.ranking import rank_key
@@ -220,7 +221,7 @@ def _traced(screened: Screened, context: PlanContext) -> tuple[Candidate | None,
         try:
             if spec.parallel.pp > 1:
                 return traced_pipeline(screened, spec, context, method), None
-            report = context.estimator.report(spec)
+            report = rank_report(context, spec)
         except MemcalcError as error:
             return None, (f"{candidate.label} on {gpus} GPUs not traced as a rank ({error}); "
                           "its row is the closed form")
@@ -250,8 +251,16 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext,
     notes += global_batch_note(batching, cluster.global_batch, parallel.dp)
     peak = (device.total_bytes if batching.micro == local
             else planned_peak_at(plan, max(batching.micro, 1)))
+    ring_s = (batching.steps * max(batching.micro, 1) * device.ring_exchange_bytes
+              / max(device.batch_size, 1) / bandwidth_bytes_per_s(cluster, parallel.cp)
+              if parallel.cp > 1 else 0.0)
+    if ring_s:
+        notes.append(f"ring attention: {format_bytes(device.ring_exchange_bytes)} of keys, "
+                     f"values and their gradients per rank at batch {device.batch_size}, "
+                     "timed on the node's links, not overlapped (torch's all-gather rotation)")
     return scheduled_candidate(
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=batching, peak=peak,
         context=(cluster, context.gpu, screened.states), method=method, notes=notes,
-        job_batch_peak=planned_peak_at(plan, context.job_batch))
+        job_batch_peak=planned_peak_at(plan, context.job_batch), group=parallel.cp,
+        exchange_s=ring_s)

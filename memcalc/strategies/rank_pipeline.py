@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from memcalc.errors import MemcalcError
-from memcalc.strategies.candidates import Batching, scheduled_candidate
+from memcalc.strategies.candidates import Batching, rank_report, scheduled_candidate
 from memcalc.units import format_bytes
 
 if TYPE_CHECKING:
@@ -107,8 +107,8 @@ def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext
     def peak_of(micro: int) -> int | None:
         if micro not in traced:
             try:
-                traced[micro] = context.estimator.report(
-                    pipeline_trial(spec, screened, micro, context.cluster.global_batch))
+                traced[micro] = rank_report(context, pipeline_trial(
+                    spec, screened, micro, context.cluster.global_batch))
             except MemcalcError as error:
                 if not traced:          # the first trial: the row cannot be traced
                     raise

@@ -18,7 +18,8 @@ LAYOUT_STEPS = {Strategy.DDP: 1, Strategy.ZERO1: 2, Strategy.ZERO2: 3, Strategy.
                 Strategy.DATA_PARALLEL: 5, Strategy.PIPELINE: 5, Strategy.SPATIAL: 6}
 """How far a layout is from one GPU's plain step (DDP the plainest; ZeRO and FSDP shard
 more; legacy DataParallel, pipelines and spatial splits ask most of the training script)."""
-LEVERS = ("mixed-precision", "checkpointing", "offload", "compile", "accumulation")
+LEVERS = ("mixed-precision", "checkpointing", "offload", "compile", "accumulation",
+          "context-parallel")
 
 
 def rank_key(candidate: Candidate, cluster: ClusterSpec) -> tuple:

@@ -20,6 +20,8 @@ class Candidate(BaseModel):
     gpus: int
     spatial_parts: int = 1
     """GPUs that share every sample (spatial parallelism); 1: each GPU holds whole samples."""
+    context_parallel: int = 1
+    """GPUs of a context-parallel group, which share every sample's sequence; 1: none."""
     method: str
     """``traced`` (its own traced steps), ``derived from <label>`` (closed form on a trace) or
     ``traced slab (1/G) of <label>`` (spatial: one GPU's slab traced, buckets added)."""
@@ -42,6 +44,12 @@ class Candidate(BaseModel):
     """Predicted per-GPU total at the job's own batch per GPU (``--batch-size``; a pipeline's:
     per replica): traced there, else on the candidate's batch line; None: no batch given, or
     a pipeline traced as a rank (its microbatch is searched, not its local batch)."""
+
+    @property
+    def sample_group(self) -> int:
+        """GPUs that share each sample (a spatial or context-parallel group; 1: none): the
+        candidate's batch is per group of them."""
+        return max(self.spatial_parts, self.context_parallel)
 
     @property
     def batch_text(self) -> str:

@@ -33,6 +33,10 @@ _WRAPPERS: dict[Strategy, str] = {
 _NOT_WRITTEN = {Strategy.PIPELINE: "torch.distributed.pipelining (stages, a schedule)",
                 Strategy.SPATIAL: "a spatial split of each sample with halo exchanges",
                 Strategy.DATA_PARALLEL: "torch.nn.DataParallel in one process"}
+_CONTEXT_PARALLEL_NOT_WRITTEN = (
+    "context parallelism (a (dp, cp) DeviceMesh, fully_shard over both dimensions, the "
+    "sampler over dp only, each step inside torch's context_parallel(mesh['cp'], "
+    "buffers=[inputs, targets], buffer_seq_dims=[1, 1]); MICRO_BATCH is per group of cp GPUs)")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,8 @@ def train_script(candidate: Candidate, spec: TrainingSpec, torchrun: str, half_d
     if spec.batch_size and global_batch is None and spec.batch_size <= micro:
         micro, steps = spec.batch_size, 1
     missing = _NOT_WRITTEN.get(candidate.strategy)
+    if "context-parallel" in candidate.label:
+        missing = _CONTEXT_PARALLEL_NOT_WRITTEN
     fsdp = candidate.strategy in (Strategy.FSDP, Strategy.ZERO2)
     header = (f'"""Training skeleton for the plan: {candidate.label} on {candidate.gpus} '
               f'GPU(s), batch {micro} per GPU x {steps} accumulation step(s).\n\n'
