@@ -286,7 +286,7 @@ def _problems(report: Report) -> list[str]:
     if validation is not None and validation.fits is False:
         problems.append(f"validation batch {validation.batch_size} needs "
                         f"{format_bytes(validation.total_bytes)} on the GPU, "
-                        f"{format_bytes(validation.capacity_bytes - validation.headroom_bytes)} "
+                        f"{format_bytes(validation.usable_bytes)} "
                         "usable")
     validation_host = report.validation_host
     if validation_host is not None and not validation_host.fits:

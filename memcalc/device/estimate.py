@@ -43,8 +43,18 @@ class DeviceTarget:
     headroom_bytes: int = 0
 
     @property
+    def driver_reserved_bytes(self) -> int:
+        """What the driver keeps of a CUDA card's total from every process (the profile's;
+        0 elsewhere)."""
+        return self.profile.driver_reserved_bytes if self.spec.device is DeviceKind.CUDA else 0
+
+    @property
     def usable_bytes(self) -> int | None:
-        return None if self.capacity_bytes is None else self.capacity_bytes - self.headroom_bytes
+        """Capacity minus headroom and what the driver keeps: what a step's total (its
+        nvidia-smi figure) may reach."""
+        if self.capacity_bytes is None:
+            return None
+        return max(0, self.capacity_bytes - self.headroom_bytes - self.driver_reserved_bytes)
 
 
 def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResult,
@@ -67,7 +77,7 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
             + job_nccl_bytes(spec.parallel)
         limited = None
         if usable_bytes is not None:
-            outside = context + profile.driver_reserved_bytes
+            outside = context   # the driver's reserve is out of the usable bytes already
             limited = replays.at_limit(ledger.events, workspaces, settings,
                                        max(0, usable_bytes - outside))
         # Where the limit is reached, the allocator frees its cache and retries: what the
@@ -117,7 +127,7 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         bounded_sizes=[BoundedSize(op=use.op, bound=use.bound, count=use.count,
                                    keeps_most_work=use.keeps_most_work)
                        for use in trace.bounded_sizes],
-        headroom_bytes=target.headroom_bytes,
+        headroom_bytes=target.headroom_bytes, driver_reserved_bytes=target.driver_reserved_bytes,
         attention_backends=trace.attention_backends,
         unmodelled_kernels=list(trace.unmodelled_kernels) + _autocast_left_alone(spec, trace),
         **cuda_fields,
@@ -164,4 +174,5 @@ def static_device_report(target: DeviceTarget, static: StaticEstimate, *, batch_
                        if on_cuda else 0),
         env_profile=profile.name if on_cuda else None,
         capacity_bytes=target.capacity_bytes, headroom_bytes=target.headroom_bytes,
+        driver_reserved_bytes=target.driver_reserved_bytes,
     )

@@ -235,12 +235,16 @@ class DeviceReport(BaseModel):
     env_profile: str | None = None
     """Name of the environment profile the CUDA figures come from."""
     runs_at_capacity: bool | None = None
-    """Replayed with capacity − headroom − context as the allocator's limit (cached blocks
+    """Replayed with the usable bytes − context as the allocator's limit (cached blocks
     freed and retried, workspaces given up when short, as PyTorch and cuDNN do): whether the
     step runs. None without a capacity."""
     capacity_bytes: int | None = None
     """Device memory planned for (``--gpu`` or ``--gpu-memory``); None when not given."""
     headroom_bytes: int = 0
+    driver_reserved_bytes: int = 0
+    """What the CUDA driver keeps of the card's total (nvidia-smi) from every process (the
+    environment profile's, measured as NVML's total minus what ``cudaMemGetInfo`` offers):
+    out of the usable bytes."""
     flops: StepFlops | None = None
     """FLOPs of one forward, loss and backward at ``batch_size``, counted in the traced step
     (None for a static estimate)."""
@@ -280,20 +284,23 @@ class DeviceReport(BaseModel):
     @computed_field
     @property
     def fits(self) -> bool | None:
-        """Whether the step runs in capacity minus headroom (``runs_at_capacity`` when the
+        """Whether the step runs in the usable bytes (``runs_at_capacity`` when the
         allocator was replayed with that limit); None without a capacity, and None for a
         static estimate within it (a lower bound cannot show that a step fits)."""
         if self.capacity_bytes is None:
             return None
         if self.runs_at_capacity is not None:
             return self.runs_at_capacity
-        within = self.total_bytes <= self.capacity_bytes - self.headroom_bytes
+        within = self.total_bytes <= self.usable_bytes
         return None if within and self.method != "traced" else within
 
     @property
     def usable_bytes(self) -> int | None:
-        """Capacity minus headroom: what the step may use; None without a capacity."""
-        return None if self.capacity_bytes is None else self.capacity_bytes - self.headroom_bytes
+        """Capacity minus headroom and what the driver keeps: what the step's total may
+        reach; None without a capacity."""
+        if self.capacity_bytes is None:
+            return None
+        return max(0, self.capacity_bytes - self.headroom_bytes - self.driver_reserved_bytes)
 
     @computed_field
     @property

@@ -148,7 +148,7 @@ def plot_batch(axes, report: Report) -> None:
                          label="traced, fits" if fits else "traced, over")
     axes.axhline(capacity / size, color="black", label=f"capacity {format_bytes(capacity)}")
     axes.axhline(plan.usable_bytes / size, color="black", linestyle="--",
-                 label="capacity - headroom")
+                 label="usable (capacity - headroom - driver reserve)")
     if plan.max_batch_size:
         axes.axvline(plan.max_batch_size, color="tab:green", linestyle=":",
                      label=f"largest batch {plan.max_batch_size}")

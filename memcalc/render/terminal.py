@@ -137,7 +137,10 @@ def _plan_panel(report: Report) -> Panel:
     fit_kind = "batches" if static & set(plan.fit_batches) else "traced batches"
     lines = [
         f"capacity {format_bytes(device.capacity_bytes)} - headroom "
-        f"{format_bytes(device.headroom_bytes)} = usable {format_bytes(plan.usable_bytes)}",
+        f"{format_bytes(device.headroom_bytes)}"
+        + (f" - driver reserve {format_bytes(device.driver_reserved_bytes)}"
+           if device.driver_reserved_bytes else "")
+        + f" = usable {format_bytes(plan.usable_bytes)}",
         f"linear model: {format_bytes(plan.model_bytes)} + {format_bytes(plan.per_sample_bytes)} "
         f"per sample (line through {fit_kind} {plan.fit_batches[0]} and {plan.fit_batches[1]})",
     ]

@@ -49,7 +49,7 @@ def _gpu_line(device: DeviceReport, method: str) -> str:
              f"{format_bytes(device.peak_allocated_bytes)}"
              + (f", reached in {device.peak_phase}" if device.peak_phase else "") + ")"]
     if device.capacity_bytes is not None:
-        usable = device.capacity_bytes - device.headroom_bytes
+        usable = device.usable_bytes
         parts.append(f"of {format_bytes(usable)} usable: {_FITS[device.fits]}")
         if device.max_batch_size is not None:
             parts.append(f"largest validation batch {device.max_batch_size}")

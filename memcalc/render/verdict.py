@@ -107,7 +107,7 @@ def _step_verdict(report: Report) -> str:
         if least < device.total_bytes:
             needs += f" with room to spare, at least {format_bytes(least)}"
         return _against_cards(needs, device) or _against_catalog(needs, least)
-    usable = format_bytes(device.capacity_bytes - device.headroom_bytes)
+    usable = format_bytes(device.usable_bytes)
     on = f" on {report.gpu.name}" if report.gpu else ""
     largest = device.max_batch_size
     verdict = "FITS" if device.fits else "DOES NOT FIT"

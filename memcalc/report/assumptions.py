@@ -174,7 +174,8 @@ def _allocator_assumption(spec: TrainingSpec) -> str:
             "model of PyTorch's caching allocator (512 B rounding; requests up to 1 MiB packed "
             "in 2 MiB segments, 1-10 MiB in 20 MiB segments, larger rounded to 2 MiB; best fit "
             f"with splitting and merging; {given}{ignored}; one stream); with a capacity, it is "
-            "replayed again with capacity - headroom - context as its limit, freeing cached "
+            "replayed again with capacity - headroom - what the driver reserves - context as "
+            "its limit, freeing cached "
             "blocks and retrying before an out-of-memory as PyTorch does: that run decides "
             "what fits")
 
