@@ -16,10 +16,10 @@ from memcalc.strategies.rank_candidates import RANK_METHOD
 from memcalc.strategies.rank_context import NOT_SEARCHED, group_sizes
 
 LONG = TrainingSpec(model="llama_7b", model_args=dict(dim=256, depth=4, heads=4, hidden=512),
-                    sample_shape=(4096,), gpu="H100-80GB", gpu_memory_bytes=int(2.6 * 2**30),
+                    sample_shape=(4096,), gpu="H100-80GB", gpu_memory_bytes=int(2.8 * 2**30),
                     batch_size=1, machine={"cpus": 16, "ram_bytes": 256 << 30})
 """A small LLaMA at 4,096 tokens on a card too small for one of its samples, whatever the
-single-GPU lever or data-parallel layout."""
+single-GPU lever or data-parallel layout: two GPUs sharing each sample hold it."""
 
 
 @pytest.mark.parametrize("per_node, gpus, sequence, sizes", [
@@ -61,7 +61,8 @@ def test_where_no_sample_fits_a_gpu_the_plan_traces_context_parallel_ranks():
                               param_dtype="bfloat16", reduce_dtype="float32")))
     assert rank.device.method == "traced"
     assert row.job_batch_peak_bytes == rank.device.total_bytes
-    assert row.fits is (rank.device.plan.max_batch_size >= 1)
+    assert row.fits and rank.device.plan.max_batch_size >= 1
+    assert plan.recommended == row.label
     # its ring is timed: keys and values of 4 layers in bf16, gathered in forward, again in
     # the checkpointed blocks' recomputation and in backward, and their gradients passed
     # round; a rank receives the half it does not hold
@@ -79,3 +80,20 @@ def test_a_model_without_attention_is_not_split_and_the_plan_says_so():
     assert not any(c.context_parallel > 1 for c in plan.candidates)
     assert any(line.startswith(f"{NOT_SEARCHED}: the model ran no scaled_dot_product")
                for line in plan.assumptions)
+
+
+def test_a_plan_where_nothing_fits_says_context_parallelism_was_tried():
+    from memcalc.strategies.plan_text import plan_reason
+    from memcalc.strategies.report import Candidate
+
+    def row(label, peak, group):
+        return Candidate.model_construct(label=label, per_gpu_peak_bytes=peak, fits=False,
+                                         context_parallel=group)
+
+    ranked = [row("amp", 3 << 30, 1), row("fsdp + context-parallel×2 + amp", 2 << 30, 2),
+              row("fsdp + context-parallel×4 + amp", 3 << 29, 4)]
+    reason = plan_reason(None, ranked, ClusterSpec(gpus_per_node=4), 1 << 30, None)
+    assert "context parallelism over up to 4 GPUs per sample did not fit either" in reason
+    assert "needs 1.50 GiB per GPU at least (fsdp + context-parallel×4 + amp)" in reason
+    plain = plan_reason(None, ranked[:1], ClusterSpec(gpus_per_node=4), 1 << 30, None)
+    assert "context parallelism" not in plain

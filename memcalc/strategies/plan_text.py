@@ -44,10 +44,14 @@ def plan_reason(chosen: Candidate | None, ranked: list[Candidate], cluster: Clus
             why = "and one GPU allows no spatial split (--max-gpus 1)"
         else:
             why = f"nor does a sample split spatially over up to {cluster.max_gpus} GPUs"
+        groups = [c.context_parallel for c in ranked if c.context_parallel > 1]
+        split = (f", context parallelism over up to {max(groups)} GPUs per sample did not fit "
+                 "either" if groups else "")
         return (f"nothing fits in {format_bytes(usable)} per GPU on up to "
                 f"{counted(cluster.max_gpus, 'GPU')}: one sample needs {format_bytes(best.per_gpu_peak_bytes)} per GPU at "
                 f"least ({best.label}); sharding states does not shard the activations of one "
-                f"sample, {why} — train on crops (largest_sample_shape) or use a larger GPU")
+                f"sample{split}, {why} — train on crops (largest_sample_shape) or use a larger "
+                "GPU")
     if cluster.strategy is not None:
         return f"forced by --strategy {cluster.strategy.value}" + (
             "" if chosen.fits else f"; it does NOT fit ({format_bytes(chosen.per_gpu_peak_bytes)} "
