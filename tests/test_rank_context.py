@@ -63,6 +63,7 @@ def test_where_no_sample_fits_a_gpu_the_plan_traces_context_parallel_ranks():
     assert row.job_batch_peak_bytes == rank.device.total_bytes
     assert row.fits and rank.device.plan.max_batch_size >= 1
     assert plan.recommended == row.label
+    assert "NOT WRITTEN HERE: context parallelism" in plan.train_script
     # its ring is timed: keys and values of 4 layers in bf16, gathered in forward, again in
     # the checkpointed blocks' recomputation and in backward, and their gradients passed
     # round; a rank receives the half it does not hold

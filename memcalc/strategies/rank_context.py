@@ -7,9 +7,9 @@ one sample keeps, and accumulation reaches the same batch more simply. So it is 
 where no candidate on the GPUs given fits one sample, and only for a model whose traced step
 ran ``scaled_dot_product_attention`` (torch's ring attention splits that). Each trial is FSDP
 over data × context parallel ranks on the leanest base variant (mixed precision first, then
-fewest bytes per sample),
-``cp`` = 2, 4, … up to the GPUs of a node, dividing the sequence into 2·cp chunks, traced as
-the first and last rank of a group (``memcalc.trace.context_parallel``), until one fits.
+fewest bytes per sample), ``cp`` = 2, 4, … up to the GPUs of a node, dividing the sequence
+into 2·cp chunks, traced as the first and last rank of a group
+(``memcalc.trace.context_parallel``), until one fits.
 
 Known limitations: no closed form screens it (each trial is a traced rank: two ranks, each
 with its batch plan); tensor parallelism is not combined with it here (``estimate --tp --cp``
@@ -65,10 +65,10 @@ def context_parallel_rows(screened: list[Screened], others: list[Candidate],
         return [], [f"{NOT_SEARCHED}: the input's sequence ({sequence or 'none'}) does not "
                     f"split into 2·cp chunks for any cp dividing {cluster.gpus} GPUs"]
     rows: list[Candidate] = []
+    job = rank_spec(leanest, context)
     for cp in sizes:
-        spec = rank_spec(leanest, context)
-        spec = spec.with_changes(parallel=ParallelSpec.model_validate(
-            {**spec.parallel.model_dump(), "cp": cp}))
+        spec = job.with_changes(parallel=ParallelSpec.model_validate(
+            {**job.parallel.model_dump(), "cp": cp}))
         method = (f"{RANK_METHOD} ({cluster.gpus} ranks, fake process group, context parallel "
                   f"{cp}) of {leanest.base.label}")
         try:
@@ -82,8 +82,8 @@ def context_parallel_rows(screened: list[Screened], others: list[Candidate],
     tried = ", ".join(str(cp) for cp in sizes[:len(rows)])
     return rows, [f"context parallelism searched (no sample fits a GPU without it): FSDP over "
                   f"data × context-parallel ranks on {leanest.base.label} (the leanest per "
-                  f"sample, mixed precision first), groups of {tried} GPUs traced as ranks until one fits; a batch of "
-                  "theirs is per group"]
+                  f"sample, mixed precision first), groups of {tried} GPUs traced as ranks "
+                  "until one fits; a batch of theirs is per group"]
 
 
 def group_sizes(per_node: int, gpus: int, sequence: int | None) -> list[int]:

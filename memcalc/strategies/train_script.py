@@ -71,7 +71,7 @@ def train_script(candidate: Candidate, spec: TrainingSpec, torchrun: str, half_d
     if spec.batch_size and global_batch is None and spec.batch_size <= micro:
         micro, steps = spec.batch_size, 1
     missing = _NOT_WRITTEN.get(candidate.strategy)
-    if "context-parallel" in candidate.label:
+    if candidate.context_parallel > 1:
         missing = _CONTEXT_PARALLEL_NOT_WRITTEN
     fsdp = candidate.strategy in (Strategy.FSDP, Strategy.ZERO2)
     header = (f'"""Training skeleton for the plan: {candidate.label} on {candidate.gpus} '
