@@ -312,8 +312,6 @@ def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
     return lines + unsupported(spec)
 
 
-
-
 def _traced_rank(parallel) -> str:
     """Which rank the figures are of, and what its batch counts."""
     if parallel.cp > 1:
