@@ -177,3 +177,33 @@ def test_a_replay_says_whether_it_reached_its_limit():
     assert not replay(events).limit_reached
     assert not replay(events, limit_bytes=130 * MiB).limit_reached
     assert replay(events, limit_bytes=100 * MiB).limit_reached
+
+
+# --- streams ------------------------------------------------------------------------------
+
+def test_a_block_freed_on_one_stream_serves_only_that_stream():
+    # CUDACachingAllocator.cpp: a free block is found by (stream, size): another stream's
+    # request cannot take it and gets a segment of its own
+    allocator = CachingAllocatorModel()
+    allocator.free(allocator.malloc(40 * MiB, stream=1))
+    allocator.malloc(40 * MiB, stream=0)
+    assert allocator.segment_count == 2 and allocator.reserved_bytes == 80 * MiB
+    allocator.malloc(40 * MiB, stream=1)     # its own stream's cached block
+    assert allocator.segment_count == 2
+
+
+def test_empty_cache_returns_every_streams_free_segments():
+    allocator = CachingAllocatorModel()
+    for stream in (0, 1, 2):
+        allocator.free(allocator.malloc(30 * MiB, stream=stream))
+    kept = allocator.malloc(2 * MiB, stream=1)     # split from stream 1's 30 MiB segment
+    allocator.empty_cache()
+    assert allocator.reserved_bytes == 30 * MiB and kept.allocated   # stream 1 keeps its one
+
+
+def test_replay_keeps_each_events_stream():
+    events = [MemoryEvent(0, 30 * MiB, stream=1), MemoryEvent(0, -30 * MiB, freeing=True),
+              MemoryEvent(1, 30 * MiB)]
+    assert replay(events).peak_reserved_bytes == 60 * MiB
+    same = [MemoryEvent(0, 30 * MiB), MemoryEvent(0, -30 * MiB), MemoryEvent(1, 30 * MiB)]
+    assert replay(same).peak_reserved_bytes == 30 * MiB

@@ -9,8 +9,12 @@ and merging; ``max_split_size_mb``. With a capacity, a request that does not fit
 cached blocks and retries, as the allocator does before raising an OOM; an optional request
 (a cuDNN workspace: cuDNN then takes a plan that needs less) is skipped instead.
 
-Known limitations: one stream (blocks freed while in use on another stream are not held
-back); ``expandable_segments`` is one growing segment per pool, mapped in 2 MiB / 20 MiB
+Each stream has its own pools, as in the original: a block freed by an allocation of one
+stream serves only that stream again (FSDP2's all-gather and reduce-scatter streams keep
+their own segments beside the default stream's).
+
+Known limitations: blocks used on another stream than their own are not held back until
+that stream's work ends (``record_stream``); ``expandable_segments`` is one growing segment per pool, mapped in 2 MiB / 20 MiB
 pages, whose free pages are returned only at its end.
 """
 
@@ -55,6 +59,7 @@ class _Block:
     segment: int
     offset: int
     small: bool
+    stream: int = 0
     allocated: bool = False
     prev: _Block | None = None
     next: _Block | None = None
@@ -62,6 +67,10 @@ class _Block:
     @property
     def key(self) -> tuple[int, int, int]:
         return (self.size, self.segment, self.offset)
+
+    @property
+    def pool(self) -> tuple[int, bool]:
+        return (self.stream, self.small)
 
     @property
     def whole_segment(self) -> bool:
@@ -95,25 +104,28 @@ class CachingAllocatorModel:
     def __init__(self, settings: AllocatorSettings = DEFAULT_SETTINGS,
                  limit_bytes: int | None = None) -> None:
         self.settings, self.limit_bytes = settings, limit_bytes
-        self._free: dict[bool, list[tuple[tuple[int, int, int], _Block]]] = {True: [], False: []}
-        self._arena_tail: dict[bool, _Block] = {}
+        # per (stream, small pool): the free blocks, sorted; an expandable segment's tail
+        self._free: dict[tuple[int, bool], list[tuple[tuple[int, int, int], _Block]]] = {}
+        self._arena_tail: dict[tuple[int, bool], _Block] = {}
         self.reserved_bytes = self.peak_reserved_bytes = 0
         self.allocated_bytes = self.peak_allocated_bytes = 0
         self.segment_count = 0
         self.limit_reached = False
 
-    def malloc(self, nbytes: int) -> _Block:
-        """Allocate ``nbytes``; raise ``OutOfMemory`` when it cannot fit the limit."""
+    def malloc(self, nbytes: int, stream: int = 0) -> _Block:
+        """Allocate ``nbytes`` on ``stream``; raise ``OutOfMemory`` when it cannot fit the
+        limit."""
         size = self.settings.round_size(nbytes)
         small = size <= SMALL_SIZE
-        block = self._take_best_fit(small, size) or self._grow(small, size)
+        pool = (stream, small)
+        block = self._take_best_fit(pool, size) or self._grow(pool, size)
         if self._should_split(block, size, small):
-            rest = _Block(block.size - size, block.segment, block.offset + size, small,
+            rest = _Block(block.size - size, block.segment, block.offset + size, small, stream,
                           prev=block, next=block.next)
             if block.next is not None:
                 block.next.prev = rest
-            elif self._arena_tail.get(small) is block:
-                self._arena_tail[small] = rest
+            elif self._arena_tail.get(pool) is block:
+                self._arena_tail[pool] = rest
             block.next, block.size = rest, size
             self._insert_free(rest)
         block.allocated = True
@@ -136,8 +148,8 @@ class CachingAllocatorModel:
                     if neighbour.next is not None:
                         neighbour.next.prev = block
                 block.size += neighbour.size
-                if self._arena_tail.get(block.small) is neighbour:
-                    self._arena_tail[block.small] = block
+                if self._arena_tail.get(block.pool) is neighbour:
+                    self._arena_tail[block.pool] = block
         self._insert_free(block)
 
     def empty_cache(self) -> None:
@@ -150,8 +162,8 @@ class CachingAllocatorModel:
             return remaining >= MIN_BLOCK_SIZE
         return not self.settings.oversize(size) and remaining > SMALL_SIZE
 
-    def _take_best_fit(self, small: bool, size: int) -> _Block | None:
-        pool = self._free[small]
+    def _take_best_fit(self, key: tuple[int, bool], size: int) -> _Block | None:
+        small, pool = key[1], self._free.get(key, [])
         index = bisect.bisect_left(pool, ((size, -1, -1),))
         if index == len(pool):
             return None
@@ -165,29 +177,30 @@ class CachingAllocatorModel:
         del pool[index]
         return block
 
-    def _grow(self, small: bool, size: int) -> _Block:
+    def _grow(self, pool: tuple[int, bool], size: int) -> _Block:
         """A new segment (or more pages of the pool's expandable segment), freeing cached
         blocks and retrying when the limit is reached, as ``malloc`` does before an OOM."""
         attempts = (lambda: None, self._release_oversize, self.empty_cache)
         for release in attempts:
             release()
-            block = self._try_grow(small, size)
+            block = self._try_grow(pool, size)
             if block is not None:
                 return block
         raise OutOfMemory(size)
 
-    def _try_grow(self, small: bool, size: int) -> _Block | None:
+    def _try_grow(self, pool: tuple[int, bool], size: int) -> _Block | None:
         if self.settings.expandable_segments:
-            return self._grow_arena(small, size)
+            return self._grow_arena(pool, size)
         total = segment_size(size)
         if not self._reserve(total):
             return None
         self.segment_count += 1
-        return _Block(total, self.segment_count, 0, small)
+        return _Block(total, self.segment_count, 0, pool[1], pool[0])
 
-    def _grow_arena(self, small: bool, size: int) -> _Block | None:
+    def _grow_arena(self, pool: tuple[int, bool], size: int) -> _Block | None:
+        stream, small = pool
         page = SMALL_BUFFER if small else LARGE_BUFFER
-        tail = self._arena_tail.get(small)
+        tail = self._arena_tail.get(pool)
         reuse = tail is not None and not tail.allocated
         shortfall = size - (tail.size if reuse else 0)
         mapped = page * -(-shortfall // page)
@@ -201,10 +214,10 @@ class CachingAllocatorModel:
             self.segment_count += 1
         segment = tail.segment if tail is not None else self.segment_count
         offset = tail.offset + tail.size if tail is not None else 0
-        block = _Block(mapped, segment, offset, small, prev=tail)
+        block = _Block(mapped, segment, offset, small, stream, prev=tail)
         if tail is not None:
             tail.next = block
-        self._arena_tail[small] = block
+        self._arena_tail[pool] = block
         return block
 
     def _reserve(self, nbytes: int) -> bool:
@@ -222,32 +235,32 @@ class CachingAllocatorModel:
             self._release(lambda block: self.settings.oversize(block.size))
 
     def _release(self, wanted) -> None:
-        for small in (True, False):
-            tail = self._arena_tail.get(small)
+        for pool in sorted(set(self._free) | set(self._arena_tail)):
+            tail = self._arena_tail.get(pool)
             if tail is not None and not tail.allocated:
                 self._remove_free(tail)
                 self.reserved_bytes -= tail.size
                 if tail.prev is None:
-                    del self._arena_tail[small]
+                    del self._arena_tail[pool]
                 else:
-                    tail.prev.next, self._arena_tail[small] = None, tail.prev
+                    tail.prev.next, self._arena_tail[pool] = None, tail.prev
             keep = []
-            for item in self._free[small]:
+            for item in self._free.get(pool, []):
                 block = item[1]
                 if block.whole_segment and wanted(block) and block not in self._arena_tail.values():
                     self.reserved_bytes -= block.size
                 else:
                     keep.append(item)
-            self._free[small] = keep
+            self._free[pool] = keep
 
     # A pool is sorted by its items' keys, compared as tuples: keys are unique (a segment
     # and an offset), so no comparison reaches a block; a probe ``(key,)`` sorts before
     # the item ``(key, block)``.
     def _insert_free(self, block: _Block) -> None:
-        bisect.insort(self._free[block.small], (block.key, block))
+        bisect.insort(self._free.setdefault(block.pool, []), (block.key, block))
 
     def _remove_free(self, block: _Block) -> None:
-        pool = self._free[block.small]
+        pool = self._free[block.pool]
         del pool[bisect.bisect_left(pool, (block.key,))]
 
 
@@ -270,7 +283,7 @@ def replay(events: Iterable[MemoryEvent], resident_bytes: Iterable[int] = (),
             allocator.empty_cache()
         elif event.delta_bytes > 0:
             try:
-                blocks[event.record_id] = allocator.malloc(event.delta_bytes)
+                blocks[event.record_id] = allocator.malloc(event.delta_bytes, event.stream)
             except OutOfMemory:
                 if not event.optional:
                     return _result(allocator, oom_event=index, skipped=skipped)
