@@ -171,7 +171,7 @@ def _ledger(low: MemoryLedger, high: MemoryLedger, point: _Point, sized: dict) -
         delta = 0 if record_id == EMPTY_CACHE_RECORD else records[record_id].nbytes
         if one.is_free:
             delta = -delta
-        events.append(MemoryEvent(record_id, delta, one.optional, one.freeing))
+        events.append(MemoryEvent(record_id, delta, one.optional, one.freeing, one.stream))
         live += delta
         if live > peak:
             peak, peak_index = live, index

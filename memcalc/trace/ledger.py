@@ -64,12 +64,14 @@ class MemoryEvent:
     """``delta_bytes`` > 0: the record was allocated; < 0: it was freed. ``optional``
     allocations may be left out when memory is short (a cuDNN workspace). ``freeing`` says
     which of the two an empty record's event (0 bytes) is: a size rule's place held at a
-    batch where it is empty (``memcalc.trace.cuda_embedding``)."""
+    batch where it is empty (``memcalc.trace.cuda_embedding``). ``stream``: the stream the
+    allocation was made on (0: the default one; ``memcalc.trace.streams``)."""
 
     record_id: int
     delta_bytes: int
     optional: bool = False
     freeing: bool = False
+    stream: int = 0
 
     @property
     def is_free(self) -> bool:
@@ -87,10 +89,11 @@ class MemoryLedger:
     peak_event_count: int = 0
 
     def allocate(self, nbytes: int, phase: Phase, iteration: int, module_path: str,
-                 category: MemoryCategory, optional: bool = False) -> StorageRecord:
+                 category: MemoryCategory, optional: bool = False,
+                 stream: int = 0) -> StorageRecord:
         record = StorageRecord(len(self.records), nbytes, phase, iteration, module_path, category)
         self.records.append(record)
-        self.events.append(MemoryEvent(record.record_id, nbytes, optional))
+        self.events.append(MemoryEvent(record.record_id, nbytes, optional, stream=stream))
         self.live_bytes += nbytes
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes = self.live_bytes

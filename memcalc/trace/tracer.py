@@ -57,6 +57,7 @@ from memcalc.trace.interrupts import DeferredInterrupts
 from memcalc.trace.step import StepBody, TrainingIteration, prime_optimizer_state
 from memcalc.trace.step_observer import Cursor, LedgerObserver, label, track_modules
 from memcalc.trace.step_replay import OptimizerSteps, ReplayMismatch, TraceSide
+from memcalc.trace.streams import StreamNumbers
 from memcalc.trace.size_rules import SizeRule, noting
 from memcalc.trace.workspaces import ConvWorkspaces
 from memcalc.trace.cpu_conv_columns import CpuConvColumns
@@ -276,14 +277,14 @@ def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
 
 def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
            safe_point: Callable[[], None]) -> TraceResult:
-    ledger, cursor = MemoryLedger(), Cursor(safe_point)
+    ledger, cursor, streams = MemoryLedger(), Cursor(safe_point), StreamNumbers()
 
     def on_new(storage: torch.UntypedStorage, empty_too: bool = False) -> StorageRecord | None:
         nbytes = storage.nbytes()
         if nbytes == 0 and not empty_too:
             return None
         return ledger.allocate(nbytes, cursor.phase, cursor.iteration, cursor.module_path,
-                               MemoryCategory.TEMPORARY)
+                               MemoryCategory.TEMPORARY, stream=streams.current())
 
     sized: dict[int, SizeRule] = {}
 
