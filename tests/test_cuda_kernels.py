@@ -19,8 +19,11 @@ def test_sdpa_with_dropout_keeps_no_attention_matrix_on_cuda():
     # scaled float dropout mask, the dropped probabilities); CUDA's kernels keep instead one
     # fp32 log-sum-exp per row (the output is kept by both)
     log_sum_exp = BATCH * HEADS * SEQ * 4
+    # the memory-efficient kernel (float32) also returns its RNG seed and offset, two int64
+    # scalars that CUDA keeps on the host and the trace's fake kernel makes beside the rest
+    seed_and_offset = 2 * 8
     difference = on_cpu.breakdown.activations - on_cuda.breakdown.activations
-    assert difference == 3 * probabilities - log_sum_exp
+    assert difference == 3 * probabilities - log_sum_exp - seed_and_offset
 
 
 def test_double_registration_is_an_error():
@@ -101,3 +104,22 @@ def test_kernels_whose_cuda_memory_is_not_modelled_are_listed(model, line):
     assert report.device.unmodelled_kernels
     on_cpu = estimate(spec.with_changes(device="cpu"))
     assert not any(entry.startswith(line) for entry in on_cpu.unsupported)
+
+
+@pytest.mark.parametrize("dtype,output_projection_copies", [
+    (torch.float32, False),   # memory-efficient: output (batch, seq, heads, dim) always
+    (torch.bfloat16, True)])  # cuDNN on sm90: output laid out as the query is
+def test_attention_output_is_laid_out_as_cudas_kernel_lays_it_out(dtype, output_projection_copies):
+    # a query made contiguous as (batch, heads, seq, dim), as rotary embeddings leave it:
+    # `out.transpose(1, 2).contiguous()` before the output projection copies only where the
+    # kernel's output follows that layout (aten's _efficient_attention_forward allocates
+    # {B, M, num_heads, Kv}; cuDNN's matches the query's)
+    from memcalc.trace._torch_internals import fake_cpu_mode
+
+    with fake_cpu_mode(), CudaKernelMode((9, 0)):
+        query = torch.randn(BATCH, HEADS, SEQ, 64, dtype=dtype, requires_grad=True)
+        out = F.scaled_dot_product_attention(query, query, query, is_causal=True)
+        assert out.shape == query.shape
+        assert out.transpose(1, 2).is_contiguous() is not output_projection_copies
+        out.sum().backward()
+        assert query.grad.shape == query.shape

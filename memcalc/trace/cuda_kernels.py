@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from memcalc.errors import TraceError
+from memcalc.trace._torch_internals import is_fake_tensor
 from memcalc.trace.sdpa_backend import (AttentionCall, cuda_sdpa_backend, fused_attention,
                                         math_attention)
 
@@ -108,7 +109,13 @@ def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_c
     same. The math backend runs step by step with CUDA's 1-byte dropout mask. Under autocast
     the inputs are cast first (SDPA is on both lower-precision lists). DTensors (context
     parallelism: ``memcalc.trace.context_parallel``) go to the fused op itself, which torch's
-    ring attention runs."""
+    ring attention runs. So does a fake call on the memory-efficient backend without a mask
+    (float32 on most GPUs): its output is laid out (batch, sequence, heads, dim) whatever the
+    query's layout, where CPU's kernel follows the query's, so a model's
+    ``out.transpose(1, 2).contiguous()`` copies on the CPU and not on CUDA (a
+    float32 Llama rank on an H200 held one such copy per block less than the CPU trace). That
+    kernel's RNG seed and offset (two int64 scalars, kept on the host by CUDA) are counted as
+    16 device bytes."""
     autocast = torch.is_autocast_enabled("cpu")
     if autocast:
         low = torch.get_autocast_dtype("cpu")
@@ -126,7 +133,8 @@ def _attention_as_on_cuda(query, key, value, attn_mask=None, dropout_p=0.0, is_c
             raise TraceError("context parallelism needs a fused attention kernel (flash, "
                              "memory-efficient or cuDNN); CUDA would run this attention on "
                              "the math one")
-        if ring:
+        if ring or (backend == "efficient" and attn_mask is None and is_fake_tensor(query)
+                    and key.shape[-3] == query.shape[-3]):
             return fused_attention(backend, query, key, value, is_causal, scale)
         if backend == "math":
             return math_attention(query, key, value, attn_mask, dropout_p, is_causal,
