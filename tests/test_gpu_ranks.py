@@ -1,0 +1,92 @@
+"""memcalc's rank of a multi-GPU job against the same rank run for real on an H200 (no GPU
+needed to check).
+
+The truth (``benchmarks/gpu_data/h200-ranks.json``, ``python -m benchmarks.gpu_ranks``):
+rank 0 of 8- and 128-GPU jobs on one GPU in torch's fake process group, built as torchtitan
+builds them with torch's own API (``tests.fixtures.gpu_rank_step``), the caching allocator's
+peaks over two steps. Among them torchtitan's two published jobs, which the measurement
+reproduces: torchtitan reports their reserved peaks on H100s.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memcalc.device.allocator import CachingAllocatorModel
+from memcalc.pipeline import estimate
+from tests.fixtures import gpu_data
+from tests.fixtures.gpu_rank_cases import CASES
+from tests.fixtures.published_distributed import PUBLISHED_RANKS
+
+ROWS = {row["name"]: row for row in gpu_data.ranks()["rows"]}
+TRACED = sorted(name for name, case in CASES.items() if not case.cpu_offload)
+SIDE_STREAMS = {name for name, case in CASES.items()
+                if case.spec.parallel.strategy.value in ("fsdp", "zero2")
+                and case.world > case.spec.parallel.tp}
+
+
+def test_every_case_was_measured_with_its_hardware_and_versions():
+    stored = gpu_data.ranks()
+    assert stored["environment"]["versions"]["gpu"] == "NVIDIA H200"
+    assert {"torch", "cuda", "driver"} <= set(stored["environment"]["versions"])
+    assert set(ROWS) == set(CASES) and not any("error" in row for row in ROWS.values())
+    assert all(row["alloc_retries"] == 0 for row in ROWS.values())   # nothing near capacity
+
+
+@pytest.mark.parametrize("published", PUBLISHED_RANKS, ids=lambda rank: rank.name)
+def test_the_measured_ranks_reproduce_torchtitans_published_ones(published):
+    # the harness against an independent run: torchtitan's own loop on 8 / 128 H100s
+    world = published.spec.parallel.gpus_per_node * published.spec.parallel.nodes
+    row = next(ROWS[name] for name in ROWS if "torchtitan" in name and ROWS[name]["world"] == world)
+    assert row["max_reserved_bytes"] == pytest.approx(published.reserved_bytes, rel=0.015)
+
+
+def _replayed(history: list[list], streams: bool) -> tuple[int, int]:
+    """The allocator model's reserved peak over a real history, and the history's own."""
+    model, blocks, reserved, peak = CachingAllocatorModel(), {}, 0, 0
+    for action, size, address, stream in history:
+        if action == "segment_alloc":
+            reserved += size
+            peak = max(peak, reserved)
+        elif action == "segment_free":
+            reserved -= size
+        elif action == "alloc":
+            blocks[address] = model.malloc(size, stream if streams else 0)
+        elif action == "free_completed" and address in blocks:
+            model.free(blocks.pop(address))
+    return model.peak_reserved_bytes, peak
+
+
+def test_the_allocator_model_replays_real_multi_stream_histories():
+    traces = gpu_data.rank_traces()
+    assert set(traces) == set(TRACED)
+    for name, stored in traces.items():
+        modelled, real = _replayed(stored["trace"], streams=True)
+        assert modelled == pytest.approx(real, rel=0.01), name
+        # FSDP2 keeps segments on its all-gather and reduce-scatter streams: one pool for
+        # every stream would miss them
+        one_pool, _ = _replayed(stored["trace"], streams=False)
+        assert (one_pool < 0.97 * real) == (name in SIDE_STREAMS), name
+        assert (len({segment[0] for segment in stored["segments"]}) > 1) == (name in SIDE_STREAMS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", TRACED)
+def test_a_traced_rank_meets_the_rank_measured_on_the_gpu(name):
+    row = ROWS[name]
+    device = estimate(CASES[name].spec, card_fits=False).device
+    assert device.peak_allocated_bytes == pytest.approx(row["max_allocated_bytes"], rel=0.01)
+    assert device.peak_reserved_bytes == pytest.approx(row["max_reserved_bytes"], rel=0.015)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_a_measured_rank_agrees_with_the_traced_one():
+    from tests.fixtures.gpu_rank_step import measure_rank
+
+    case = CASES["llama3-1b zero2 bf16 full b4"]
+    row = measure_rank(case)
+    device = estimate(case.spec, card_fits=False).device
+    assert device.peak_allocated_bytes == pytest.approx(row["max_allocated_bytes"], rel=0.02)
+    assert device.peak_reserved_bytes == pytest.approx(row["max_reserved_bytes"], rel=0.05)
