@@ -10,7 +10,8 @@ to ``DIR/ranks.jsonl`` as they finish, with the environment first;
 
     python -m benchmarks.gpu_ranks --out DIR --record     (the allocator's histories)
     python -m benchmarks.gpu_ranks --store DIR [DIR ...]  (into benchmarks/gpu_data/)
-    python -m benchmarks.gpu_ranks --table     (memcalc against the stored rows, markdown)
+    python -m benchmarks.gpu_ranks --table     (memcalc against the stored rows: prints and
+                                                 writes benchmarks/results-gpu-ranks.md)
 
 ``--record`` runs every case again with the allocator's history on, to
 ``DIR/histories.jsonl``: ``[action, size, address, stream]`` per event and the segments
@@ -30,12 +31,62 @@ from pathlib import Path
 from tests.fixtures.gpu_rank_cases import CASES, tiny
 
 CHILD_TIMEOUT_S = 240
+LARGEST_BUDGETS_GIB = {
+    "llama3-8b fsdp8 bf16 selective b2 (torchtitan)": 60,
+    "llama3-8b fsdp4 tp2 bf16 selective b2": 64,
+    "llama3-8b tp8 fp32 selective b1": 40,
+    "llama3-1b ddp8 bf16-mixed b2": 64,
+    "llama3-1b zero2 bf16 full b4": 30,
+    "llama3-1b fsdp8 fp32 b2 clip": 56,
+}
+"""``--largest``: the local batch searched for each case with the caching allocator capped at
+this many GiB (``torch.cuda.set_per_process_memory_fraction``)."""
+MAX_LARGEST_BATCH = 12
+
+
+def _largest(case, budget_bytes: int, device: str) -> dict:
+    """The largest local batch whose two steps run with the allocator capped at
+    ``budget_bytes``: batches 1, 2, … until one runs out of memory."""
+    import gc
+
+    import torch
+
+    from tests.fixtures.gpu_rank_step import measure_rank
+
+    if device == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(budget_bytes / total)
+    probes, failure, largest = {}, "", 0
+    for batch in range(1, MAX_LARGEST_BATCH + 1):
+        spec = case.spec.model_copy(update={"batch_size": batch})
+        try:
+            measure_rank(type(case)(case.name, spec, case.cpu_offload), device)
+            probes[str(batch)], largest = True, batch
+        except torch.OutOfMemoryError as error:
+            probes[str(batch)], failure = False, str(error).splitlines()[0][:160]
+        finally:
+            import torch.distributed as dist
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
+        print(f"  b{batch}: {'runs' if probes[str(batch)] else 'out of memory'}", flush=True)
+        if not probes[str(batch)]:
+            break
+    return {"name": case.name, "allowed_reserved_bytes": budget_bytes, "true": largest,
+            "probes": probes, "failure": failure}
 
 
 def _child(args: argparse.Namespace) -> None:
     from tests.fixtures.gpu_rank_step import measure_rank, record_rank
 
     case = tiny(CASES[args.child]) if args.tiny else CASES[args.child]
+    if args.largest:
+        budget = LARGEST_BUDGETS_GIB[args.child] << (20 if args.tiny else 30)
+        with open(args.out / "largest.jsonl", "a") as out:
+            out.write(json.dumps(_largest(case, budget, args.device)) + "\n")
+        return
     try:
         row = record_rank(case) if args.record else measure_rank(case, args.device)
     except Exception as error:       # an out-of-memory or a failing wrapper: kept as a row
@@ -79,6 +130,12 @@ def store(folders: list[Path], machine: str = "h200") -> None:
                 stored["environment"] = row["environment"]
             else:
                 rows[row["name"]] = row
+        largest = folder / "largest.jsonl"
+        if largest.exists():
+            found = {row["name"]: row for row in stored.get("largest", [])}
+            found.update({row["name"]: row for row in map(json.loads,
+                                                          largest.read_text().splitlines())})
+            stored["largest"] = list(found.values())
         histories = folder / "histories.jsonl.gz"
         if histories.exists():
             for line in gzip.open(histories, "rt"):
@@ -118,6 +175,25 @@ def table() -> list[str]:
                      f"{device.peak_reserved_bytes / gib:.2f} / "
                      f"{row['max_reserved_bytes'] / gib:.2f} | "
                      f"{errors[0]:+.1f} % / {errors[1]:+.1f} % |")
+    return lines + ["", *_largest_table(stored)]
+
+
+def _largest_table(stored: dict) -> list[str]:
+    """memcalc's verdict at the true largest batch under each cap, and one above."""
+    from tests.fixtures.gpu_budget import runs_within_allocator_limit
+
+    lines = ["Largest local batch with the caching allocator capped (each batch's two steps "
+             "run from a freshly built job until one runs out of memory); memcalc given the "
+             "same cap as its allocator's limit:", "",
+             "| job (rank 0) | cap | largest that ran | memcalc at it / one above |",
+             "|---|---:|---:|---|"]
+    for row in stored["largest"]:
+        batches = [row["true"], row["true"] + 1]
+        verdicts = runs_within_allocator_limit(CASES[row["name"]].spec, batches,
+                                               row["allowed_reserved_bytes"])
+        shown = " / ".join("fits" if verdicts[batch] else "does not fit" for batch in batches)
+        lines.append(f"| {row['name']} | {row['allowed_reserved_bytes'] / 2**30:.0f} GiB | "
+                     f"{row['true']} | {shown} |")
     return lines
 
 
@@ -129,12 +205,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--record", action="store_true",
                         help="the allocator's history of each case, to histories.jsonl")
+    parser.add_argument("--largest", action="store_true",
+                        help="the largest local batch under LARGEST_BUDGETS_GIB, to largest.jsonl")
     parser.add_argument("--store", type=Path, nargs="+", help="folders to keep")
     parser.add_argument("--child")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args(argv)
     if args.table:
-        print("\n".join(table()))
+        from benchmarks.results import publish
+        publish(Path(__file__).with_name("results-gpu-ranks.md"),
+                "Ranks of multi-GPU jobs on a real GPU vs memcalc", table())
         return
     if args.store:
         store(args.store)
@@ -146,12 +226,14 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.out / "ranks.jsonl", "a") as out:
         out.write(json.dumps({"environment": _environment(args.device)}) + "\n")
     for name in CASES:
-        if (args.only and args.only not in name) or (args.record and CASES[name].cpu_offload):
+        if ((args.only and args.only not in name) or (args.record and CASES[name].cpu_offload)
+                or (args.largest and name not in LARGEST_BUDGETS_GIB)):
             continue
         started = time.time()
         command = [sys.executable, "-m", "benchmarks.gpu_ranks", "--child", name,
-                   "--out", str(args.out), "--device", args.device] + (["--tiny"] * args.tiny
-                                                                      + ["--record"] * args.record)
+                   "--out", str(args.out), "--device", args.device] + (
+                       ["--tiny"] * args.tiny + ["--record"] * args.record
+                       + ["--largest"] * args.largest)
         try:
             code = subprocess.run(command, timeout=CHILD_TIMEOUT_S).returncode
         except subprocess.TimeoutExpired:
