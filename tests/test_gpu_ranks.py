@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memcalc.device.allocator import CachingAllocatorModel
 from memcalc.pipeline import estimate
 from tests.fixtures import gpu_data
+from tests.fixtures.gpu_compare import replayed_peaks
 from tests.fixtures.gpu_rank_cases import CASES
 from tests.fixtures.published_distributed import PUBLISHED_RANKS
 
@@ -42,31 +42,15 @@ def test_the_measured_ranks_reproduce_torchtitans_published_ones(published):
     assert row["max_reserved_bytes"] == pytest.approx(published.reserved_bytes, rel=0.015)
 
 
-def _replayed(history: list[list], streams: bool) -> tuple[int, int]:
-    """The allocator model's reserved peak over a real history, and the history's own."""
-    model, blocks, reserved, peak = CachingAllocatorModel(), {}, 0, 0
-    for action, size, address, stream in history:
-        if action == "segment_alloc":
-            reserved += size
-            peak = max(peak, reserved)
-        elif action == "segment_free":
-            reserved -= size
-        elif action == "alloc":
-            blocks[address] = model.malloc(size, stream if streams else 0)
-        elif action == "free_completed" and address in blocks:
-            model.free(blocks.pop(address))
-    return model.peak_reserved_bytes, peak
-
-
 def test_the_allocator_model_replays_real_multi_stream_histories():
     traces = gpu_data.rank_traces()
     assert set(traces) == set(TRACED)
     for name, stored in traces.items():
-        modelled, real = _replayed(stored["trace"], streams=True)
+        modelled, real = replayed_peaks(stored["trace"], streams=True)
         assert modelled == pytest.approx(real, rel=0.01), name
         # FSDP2 keeps segments on its all-gather and reduce-scatter streams: one pool for
         # every stream would miss them
-        one_pool, _ = _replayed(stored["trace"], streams=False)
+        one_pool, _ = replayed_peaks(stored["trace"])
         assert (one_pool < 0.97 * real) == (name in SIDE_STREAMS), name
         assert (len({segment[0] for segment in stored["segments"]}) > 1) == (name in SIDE_STREAMS)
 
