@@ -29,12 +29,23 @@ def test_conv_flops_follow_output_voxels_times_kernel():
     assert training_flops(spec, 1) == forward * 2   # + weight gradient (input needs none)
 
 
+def _cpu_attention_formulas() -> dict:
+    """torch's attention formulas for CPU's flash kernel, which its counter leaves out."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+    return {aten._scaled_dot_product_flash_attention_for_cpu:
+            lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v),
+            aten._scaled_dot_product_flash_attention_for_cpu_backward:
+            lambda g, q, k, v, *a, out_shape=None, **kw: sdpa_backward_flop_count(g, q, k, v)}
+
+
 def _real_step_flops(model: nn.Module, checkpointed: bool) -> int:
     """FLOPs of a real CPU forward + loss + backward (real weights, torch's own checkpoint)."""
     if checkpointed:
         apply_checkpointing(model, repeated_blocks(model))
     tokens = torch.randint(0, 1000, (1, 64))
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas()) as counter:
         logits = model(tokens)
         nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten()).backward()
     return counter.get_total_flops()
@@ -92,3 +103,18 @@ def test_zoo_forward_flops_match_the_conv_and_linear_closed_form(name, shape, ar
         assert attention == depth * 2 * (2 * shape[0] * tokens * tokens * dim)
     else:
         assert counted == expected
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])   # memory-efficient, cuDNN
+def test_attention_flops_are_counted_whichever_kernel_cuda_runs(precision):
+    # bf16 on an H100 runs cuDNN attention, traced as CPU's flash kernel, for which torch's
+    # formulas count nothing; closed form: the qkv projection forward and its weight's
+    # gradient (2 matmuls of B·S × dim × 3·dim: the input needs no gradient), attention's
+    # forward (QKᵀ and PV: 4·B·H·S²·D) and its backward (torch's formula: 2.5 forwards)
+    batch, seq, dim, heads = 2, 256, 64, 4
+    spec = TrainingSpec(model="tests.fixtures.models:attention_with_dropout",
+                        sample_shape=(seq, dim), loss="sum", optimizer="sgd",
+                        batch_size=batch, precision=precision, gpu="H100-80GB")
+    projection = 2 * (2 * batch * seq * dim * 3 * dim)
+    attention = 3.5 * (4 * batch * heads * seq * seq * (dim // heads))
+    assert training_flops(spec, batch) == projection + attention

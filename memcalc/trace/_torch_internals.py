@@ -602,7 +602,7 @@ class FlopCountingMode(_PlainDispatchMode):
         if (func in METADATA_OPS or getattr(func, "is_view", False)   # older torch: no is_view
                 or name in _NO_KERNEL):
             return out
-        formula = flop_registry.get(func._overloadpacket)
+        formula = flop_registry.get(func._overloadpacket) or _CPU_ATTENTION_FLOPS.get(name)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         if not self.flops_closed:
             self.launched_ops += 1
@@ -613,6 +613,26 @@ class FlopCountingMode(_PlainDispatchMode):
         self.kernels.append(_kernel(name, args, kwargs, out, flops, not self.flops_closed))
         return out
 
+
+def _cpu_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_val=None,
+                                  **kwargs) -> int:
+    from torch.utils.flop_counter import sdpa_backward_flop_count
+
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+_CPU_ATTENTION_FLOPS = {
+    "_scaled_dot_product_flash_attention_for_cpu": _cpu_attention_flops,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": _cpu_attention_backward_flops}
+"""CPU's flash-attention kernel, which stands in the trace for CUDA's flash and cuDNN
+attention: torch's flop formulas cover the CUDA ops only (``flop_registry`` counts none for
+it), so its FLOPs are counted with theirs (``sdpa_flop_count``, its backward's)."""
 
 _HALF = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
