@@ -14,8 +14,8 @@ stream serves only that stream again (FSDP2's all-gather and reduce-scatter stre
 their own segments beside the default stream's).
 
 Known limitations: blocks used on another stream than their own are not held back until
-that stream's work ends (``record_stream``); ``expandable_segments`` is one growing segment per pool, mapped in 2 MiB / 20 MiB
-pages, whose free pages are returned only at its end.
+that stream's work ends (``record_stream``); ``expandable_segments`` is one growing segment
+per pool, mapped in 2 MiB / 20 MiB pages, whose free pages are returned only at its end.
 """
 
 from __future__ import annotations

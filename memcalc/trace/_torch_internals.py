@@ -615,16 +615,14 @@ class FlopCountingMode(_PlainDispatchMode):
 
 
 def _cpu_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query.shape, key.shape, value.shape)
+    formula = getattr(torch.utils.flop_counter, "sdpa_flop_count", None)   # torch ≥ 2.2
+    return formula(query.shape, key.shape, value.shape) if formula else 0
 
 
 def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_val=None,
                                   **kwargs) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+    formula = getattr(torch.utils.flop_counter, "sdpa_backward_flop_count", None)
+    return formula(grad_out.shape, query.shape, key.shape, value.shape) if formula else 0
 
 
 _CPU_ATTENTION_FLOPS = {
