@@ -47,9 +47,11 @@ MAX_LARGEST_BATCH = 12
 def _largest(case, budget_bytes: int, device: str) -> dict:
     """The largest local batch whose two steps run with the allocator capped at
     ``budget_bytes``: batches 1, 2, … until one runs out of memory."""
+    import dataclasses
     import gc
 
     import torch
+    import torch.distributed as dist
 
     from tests.fixtures.gpu_rank_step import measure_rank
 
@@ -60,12 +62,11 @@ def _largest(case, budget_bytes: int, device: str) -> dict:
     for batch in range(1, MAX_LARGEST_BATCH + 1):
         spec = case.spec.model_copy(update={"batch_size": batch})
         try:
-            measure_rank(type(case)(case.name, spec, case.cpu_offload), device)
+            measure_rank(dataclasses.replace(case, spec=spec), device)
             probes[str(batch)], largest = True, batch
         except torch.OutOfMemoryError as error:
             probes[str(batch)], failure = False, str(error).splitlines()[0][:160]
         finally:
-            import torch.distributed as dist
             if dist.is_initialized():
                 dist.destroy_process_group()
             gc.collect()
