@@ -290,7 +290,9 @@ def attention_assumptions(attention_backends: dict[str, int], gpu: GpuSpec | Non
             "mask, dropout and card as PyTorch's sdp_utils.cpp chooses (cuDNN first on sm90/"
             "sm100); cudnn/flash/efficient keep the output and a float32 log-sum-exp per row "
             "(no S x S matrix; dropout regenerated from its seed), math keeps the S x S "
-            "probabilities (float32 for half inputs) and a 1-byte dropout mask"]
+            "probabilities (float32 for half inputs) and a 1-byte dropout mask; cuDNN's "
+            "backward takes a workspace of a float32 query gradient and row sum for the call "
+            "(flash's backward scratch is not modelled)"]
 
 
 def step_unsupported(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],

@@ -29,6 +29,7 @@ from memcalc.trace._torch_internals import (
     materialize_fake,
     quiet_fake_tensor_logger,
 )
+from memcalc.trace.attention_workspace import AttentionWorkspaces, first_taker
 from memcalc.trace.bounded_ops import BoundedOps, BoundedUse
 from memcalc.trace.categories import MemoryCategory
 from memcalc.trace.checkpointing import apply_checkpointing
@@ -38,7 +39,7 @@ from memcalc.trace.rank import (pipeline_rank, rank_of, remember_sequence_parall
 from memcalc.distributed.parallelize import job_optimizer, local_optimizer
 from memcalc.distributed.specs import ParallelSpec
 from memcalc.trace.context_parallel import context_parallel_step
-from memcalc.trace.cuda_kernels import CudaKernelMode
+from memcalc.trace.cuda_kernels import ASSUMED_CAPABILITY, CudaKernelMode
 from memcalc.trace.legacy_autograd import LegacyAutogradMode
 from memcalc.trace.numpy_limit import numpy_buffer_limit
 from memcalc.trace.cudnn_workspace import WorkspaceModel
@@ -288,11 +289,11 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
 
     sized: dict[int, SizeRule] = {}
 
-    def transient(nbytes: int, size: SizeRule | None = None) -> None:
+    def transient(nbytes: int, size: SizeRule | None = None, optional: bool = True) -> None:
         if nbytes > 0:
             record = ledger.allocate(nbytes, cursor.phase, cursor.iteration,
                                      cursor.module_path, MemoryCategory.WORKSPACE,
-                                     optional=True)
+                                     optional=optional, stream=streams.current())
             if size is not None:
                 sized[record.record_id] = size
             ledger.free(record)
@@ -301,7 +302,10 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                                  benchmark=setup.cudnn_benchmark, tf32=setup.cudnn_tf32)
                   if setup.cudnn is not None else None)
     columns = CpuConvColumns(transient) if setup.cpu_kernels else None
-    watcher = StorageWatcher(on_new, ledger.free, workspaces or columns)
+    attention = (AttentionWorkspaces(setup.cuda_capability or ASSUMED_CAPABILITY,
+                                     lambda nbytes: transient(nbytes, optional=False))
+                 if setup.cuda_kernels else None)
+    watcher = StorageWatcher(on_new, ledger.free, first_taker(workspaces or columns, attention))
     halo = ZeroHalos()
     model = step_model(setup, halo, meta_model)
     model, regions = compiled_regions(model, setup.compile_regions, setup.cuda_kernels)
