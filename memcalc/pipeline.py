@@ -213,6 +213,7 @@ def _report(prepared: PreparedStep, device: DeviceReport, static: StaticEstimate
                            halo_exchange_bytes=device.halo_exchange_bytes,
                            ring_exchange_bytes=device.ring_exchange_bytes,
                            offloaded_bytes=device.offloaded_bytes,
+                           offloaded_state_bytes=device.offloaded_state_bytes,
                            tensor_layout=_tensor_layout(spec, prepared.model,
                                                         device.sequence_parallel_dropped))
         + prepared.line.assumptions([batch for batch in prepared.line_traces
@@ -344,9 +345,11 @@ def _spatial_split(spec: TrainingSpec, model: torch.nn.Module,
 
 
 def _foreach(spec: TrainingSpec) -> bool:
-    """torch.optim's default is foreach on CUDA, for-loop on CPU; fused builds neither."""
+    """torch.optim's default is foreach on CUDA, for-loop on CPU (also for the host-side
+    parameters of FSDP2's CPU offload); fused builds neither."""
     if spec.optimizer_impl is OptimizerImpl.DEFAULT:
-        return spec.device is DeviceKind.CUDA
+        offloaded = spec.parallel is not None and spec.parallel.cpu_offload
+        return spec.device is DeviceKind.CUDA and not offloaded
     return spec.optimizer_impl is OptimizerImpl.FOREACH
 
 

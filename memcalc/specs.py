@@ -252,6 +252,10 @@ class TrainingSpec(BaseModel):
         if self.parallel is not None and self.spatial_parts > 1:
             raise ValueError("--spatial-parts with --strategy is not traced together; give one "
                              "of them (memcalc plan sizes spatial splits with data parallelism)")
+        if self.parallel is not None and self.parallel.cpu_offload and self.device is not \
+                DeviceKind.CUDA:
+            raise ValueError("--cpu-offload moves FSDP2's states from the GPU to host RAM; "
+                             f"with --device {self.device.value} there is no GPU: leave it out")
         return self
 
     @model_validator(mode="after")

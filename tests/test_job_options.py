@@ -35,6 +35,12 @@ MISTAKES = {
     "spatial split with a strategy": (["--strategy", "fsdp", "--gpus", "2", "--spatial-parts",
                                        "2"], r"--spatial-parts with --strategy"),
     "cp without a strategy": (["--cp", "2"], r"--cp 2 needs --strategy and --gpus"),
+    "cpu offload with ddp": (["--strategy", "ddp", "--gpus", "2", "--cpu-offload"],
+                             r"--cpu-offload is FSDP2's CPUOffloadPolicy; --strategy ddp "
+                             r"does not shard with FSDP2: use --strategy fsdp or zero2"),
+    "cpu offload without a gpu": (["--strategy", "fsdp", "--gpus", "2", "--cpu-offload",
+                                   "--device", "cpu"],
+                                  r"--cpu-offload moves .* with --device cpu there is no GPU"),
     "cp with ddp": (["--strategy", "ddp", "--gpus", "4", "--cp", "2"],
                     r"--cp with --strategy ddp is not traced: .*use --strategy fsdp or zero2"),
     "cp not dividing the gpus": (["--strategy", "fsdp", "--gpus", "6", "--cp", "4"],

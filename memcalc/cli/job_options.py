@@ -54,6 +54,9 @@ JOB_OPTIONS = [
     click.option("--reshard-after-forward", type=enum_choice(Reshard), default="default",
                  show_default=True,
                  help="FSDP2: default = every block but the last; always; never."),
+    click.option("--cpu-offload", is_flag=True,
+                 help="FSDP2 CPUOffloadPolicy: sharded parameters, gradients and the "
+                      "optimizer step in host RAM."),
     click.option("--bucket-view", is_flag=True,
                  help="DDP gradient_as_bucket_view=True (no second copy of the gradients)."),
     click.option("--static-graph", is_flag=True,
@@ -83,6 +86,7 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
                   param_dtype=options.pop("param_dtype", None),
                   reduce_dtype=options.pop("reduce_dtype", None),
                   reshard_after_forward=options.pop("reshard_after_forward", Reshard.DEFAULT),
+                  cpu_offload=options.pop("cpu_offload", False),
                   gradient_as_bucket_view=options.pop("bucket_view", False),
                   static_graph=options.pop("static_graph", False),
                   bucket_cap_mb=options.pop("bucket_cap_mb", DDP_BUCKET_CAP_MB))

@@ -115,6 +115,7 @@ def traced_device_report(target: DeviceTarget, batch_size: int, trace: TraceResu
         peak_phase=peak_record.phase.value if peak_record else None,
         compute_peak_bytes=compute_peak, optimizer_peak_bytes=optimizer_peak,
         offloaded_bytes=trace.offloaded_bytes, halo_exchange_bytes=trace.halo_bytes,
+        offloaded_state_bytes=trace.offloaded_state_bytes,
         ring_exchange_bytes=(ring_exchange_bytes(trace.ring_bytes, spec.parallel.cp)
                              if spec.parallel else 0),
         host_tensor_bytes=trace.host_bytes, compile_fallbacks=list(trace.compile_fallbacks),

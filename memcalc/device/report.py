@@ -192,6 +192,9 @@ class DeviceReport(BaseModel):
     """Live bytes over the traced iterations, for the timeline picture."""
     offloaded_bytes: int = 0
     """Pinned host bytes of activations offloaded in one iteration (``save_on_cpu``)."""
+    offloaded_state_bytes: int = 0
+    """Peak host RAM of an FSDP2 rank's CPU offload (``--cpu-offload``): its parameter and
+    gradient shards, the optimizer's state and the step's temporaries; not on the GPU."""
     compile_fallbacks: list[str] = []
     """Compiled modules whose graph could not be captured whole, run eagerly: ``name:
     reason``."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from memcalc.distributed.specs import DataParallel, ParallelSpec, Reshard
+from memcalc.distributed.specs import SHARDED, DataParallel, ParallelSpec, Reshard
 from memcalc.distributed.tensor_plan import TensorLayout, tensor_layout
 from memcalc.dtypes import DTYPES
 
@@ -34,15 +34,17 @@ def fsdp_units(model: nn.Module, blocks: list[str]) -> list[nn.Module]:
 def parallelize_fsdp(model: nn.Module, spec: ParallelSpec, mesh, blocks: list[str]) -> nn.Module:
     """FSDP2 as torchtitan applies it: ``fully_shard`` per repeated block, then the root,
     with the mixed-precision policy and ``reshard_after_forward`` policy of the spec."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     policy = MixedPrecisionPolicy(param_dtype=_dtype(spec.param_dtype),
                                   reduce_dtype=_dtype(spec.reduce_dtype))
+    # pinned host memory needs an accelerator; the pinning changes no byte on the device
+    offload = {"offload_policy": CPUOffloadPolicy(pin_memory=False)} if spec.cpu_offload else {}
     units = fsdp_units(model, blocks)
     for index, unit in enumerate(units[:-1]):
-        fully_shard(unit, mesh=mesh, mp_policy=policy,
+        fully_shard(unit, mesh=mesh, mp_policy=policy, **offload,
                     reshard_after_forward=_reshards(spec, index, len(units) - 1))
-    fully_shard(model, mesh=mesh, mp_policy=policy,
+    fully_shard(model, mesh=mesh, mp_policy=policy, **offload,
                 reshard_after_forward=spec.strategy is DataParallel.FSDP
                 and spec.reshard_after_forward is not Reshard.NEVER)
     return model
@@ -114,7 +116,7 @@ DATA_PARALLEL: dict[DataParallel, Callable] = {
 }
 """The data-parallel wrapper of each strategy."""
 
-SHARDS_PARAMETERS = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
+SHARDS_PARAMETERS = SHARDED
 """Strategies whose wrapper replaces the parameters by their shards when it is applied (so
 it runs before the trace counts them); DDP allocates its buckets at construction, counted."""
 

@@ -41,7 +41,9 @@ class PipelineSchedule(str, Enum):
 
 REPLICATED = frozenset({DataParallel.DDP, DataParallel.ZERO1})
 """Strategies whose ranks each hold all the parameters (DDP's wrapper)."""
-CONTEXT_PARALLEL_WITH = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
+SHARDED = frozenset({DataParallel.ZERO2, DataParallel.FSDP})
+"""Strategies whose wrapper is FSDP2's ``fully_shard``."""
+CONTEXT_PARALLEL_WITH = SHARDED
 """Strategies traced with context parallelism (FSDP2 over the dp × cp ranks)."""
 DDP_BUCKET_CAP_MB = 25.0
 """``DistributedDataParallel``'s default ``bucket_cap_mb``."""
@@ -100,6 +102,10 @@ class ParallelSpec(BaseModel):
     pp: int = Field(default=1, ge=1)
     """Pipeline-parallel degree: the model split into stages by its repeated blocks."""
     pp_schedule: PipelineSchedule = PipelineSchedule.ONE_F_ONE_B
+    cpu_offload: bool = False
+    """FSDP2 ``CPUOffloadPolicy``: the sharded parameters, their gradients and the optimizer
+    step in host RAM; each unit's parameters are copied to the GPU for its all-gather, and each
+    reduced gradient shard back to the host."""
     microbatch_size: int = Field(default=1, ge=1)
     """Samples per pipeline microbatch (torchtitan's default: 1); the local batch is split
     into ⌈batch ÷ microbatch size⌉ microbatches."""
@@ -161,6 +167,8 @@ class ParallelSpec(BaseModel):
                                              ("static_graph", self.static_graph)) if on]
             if self.bucket_cap_mb != DDP_BUCKET_CAP_MB:
                 extras.append(f"buckets of {self.bucket_cap_mb:g} MiB")
+        if self.cpu_offload:
+            extras.append("CPU offload")
         if self.strategy is DataParallel.FSDP and self.reshard_after_forward is not Reshard.DEFAULT:
             extras.append(f"reshard after forward: {self.reshard_after_forward.value}")
         if self.pp > 1:
@@ -239,6 +247,10 @@ class ParallelSpec(BaseModel):
             raise ValueError(f"{', '.join(ddp_options)}: options of DDP (--strategy ddp or "
                              f"zero1); --strategy {self.strategy.value} does not wrap the model "
                              "in DDP")
+        if self.cpu_offload and self.strategy not in SHARDED:
+            raise ValueError(f"--cpu-offload is FSDP2's CPUOffloadPolicy; --strategy "
+                             f"{self.strategy.value} does not shard with FSDP2: use --strategy "
+                             "fsdp or zero2")
         mixed = self.param_dtype is not None or self.reduce_dtype is not None
         if mixed and self.strategy in REPLICATED:
             raise ValueError("--param-dtype/--reduce-dtype are FSDP2's mixed-precision policy; "

@@ -123,6 +123,7 @@ def _host_spec(inputs: HostInputs) -> HostSpec:
         cpu_step_bytes=device.total_bytes if spec.device is DeviceKind.CPU else 0,
         offloaded_activation_bytes=device.offloaded_bytes,
         host_tensor_bytes=device.host_tensor_bytes,
+        offloaded_state_bytes=device.offloaded_state_bytes,
         resident_worker_bytes=inputs.resident_worker_bytes,
         cuda=spec.device is DeviceKind.CUDA, machine=spec.machine or detect_machine(),
         loader=spec.loader.model_copy(update={"sample_dtype": spec.loader.sample_dtype

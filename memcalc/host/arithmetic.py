@@ -95,6 +95,11 @@ def main_terms(spec: HostSpec, batch: int, num_workers: int, torch_process_bytes
         terms.append(HostTerm(name="offloaded activations", count=1, per_worker=False,
                               bytes_each=spec.offloaded_activation_bytes,
                               note="pinned copies of saved tensors (save_on_cpu)"))
+    if spec.offloaded_state_bytes:
+        terms.append(HostTerm(name="offloaded model states", count=1, per_worker=False,
+                              bytes_each=spec.offloaded_state_bytes,
+                              note="FSDP2 CPU offload: parameter and gradient shards, "
+                                   "optimizer state and step (traced)"))
     if spec.host_tensor_bytes:
         terms.append(HostTerm(name="step's tensors on the CPU", count=1, per_worker=False,
                               bytes_each=spec.host_tensor_bytes,

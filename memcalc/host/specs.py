@@ -129,6 +129,8 @@ class HostSpec(BaseModel):
     loading, before the workers start (then on CUDA they move to the GPU)."""
     offloaded_activation_bytes: int = Field(default=0, ge=0)
     """Pinned host memory of activations offloaded from the GPU (``save_on_cpu``)."""
+    offloaded_state_bytes: int = Field(default=0, ge=0)
+    """An FSDP2 rank's states offloaded to host RAM (``--cpu-offload``), at their peak."""
     host_tensor_bytes: int = Field(default=0, ge=0)
     """Tensors the step itself makes in host RAM beside the batch (a sliding window's output
     aggregated on the CPU, windows gathered from a volume there), at their peak."""

@@ -197,7 +197,7 @@ def unsupported(spec: TrainingSpec) -> list[str]:
 def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
                      traced_sample_shape: tuple[int, ...], halo_exchange_bytes: int,
                      offloaded_bytes: int, tensor_layout: str = "",
-                     ring_exchange_bytes: int = 0) -> list[str]:
+                     ring_exchange_bytes: int = 0, offloaded_state_bytes: int = 0) -> list[str]:
     """What the traced step itself was made to do: checkpointing, spatial split, offloading.
     ``tensor_layout``: what tensor parallelism applied beyond the column/row-wise plan
     (``TensorLayout.describe``)."""
@@ -218,6 +218,14 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
             + (f"; tensor parallel with {tensor_layout}" if tensor_layout else "")
             + (f"; ring attention brings each rank {format_bytes(ring_exchange_bytes)} of "
                "keys, values and their gradients per iteration" if ring_exchange_bytes else ""))
+    if spec.parallel is not None and spec.parallel.cpu_offload:
+        lines.append(
+            "FSDP2 CPU offload traced as CPUOffloadPolicy runs it: parameter shards, their "
+            "gradients and the optimizer step in host RAM "
+            f"({format_bytes(offloaded_state_bytes)} at most per GPU process, not pinned: "
+            "CUDA's host allocator rounds pinned blocks up to powers of two), each unit's "
+            "shards copied to the GPU for its all-gather and each reduced gradient shard "
+            "back; the copies' time is not modelled")
     if spec.spatial_parts > 1:
         lines.append(
             f"spatial parallelism over {spec.spatial_parts} GPUs: this GPU runs one slab of "

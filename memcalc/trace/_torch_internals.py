@@ -31,6 +31,9 @@ Used here (checked against torch 2.3 – 2.14):
   fewer Python calls without it). They call no compiled code, and torch skips compiling
   while a dispatch mode is on the stack anyway
   (``torch._dynamo.config.inline_torch_dispatch_torch_compile``).
+- FSDP2's ``FSDPParam.all_gather_inputs`` and ``_fsdp_collectives.foreach_reduce`` (torch
+  ≥ 2.6): the two places where ``CPUOffloadPolicy`` copies across host and GPU
+  (``fsdp_offload_copy_sites``; ``memcalc.trace.host_states``).
 - ``torch.UntypedStorage.resize_`` is not an ATen op (no dispatch mode sees it): FSDP2 frees
   and re-allocates its unsharded parameters with it (``_fsdp_param.alloc_storage``), so the
   watcher wraps it while it is active, as ``torch.distributed._tools.mem_tracker`` does.
@@ -39,6 +42,7 @@ Used here (checked against torch 2.3 – 2.14):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import sys
 import threading
@@ -274,9 +278,13 @@ class StorageWatcher(_PlainDispatchMode):
     """
 
     def __init__(self, on_new: Callable[[torch.UntypedStorage], object],
-                 on_free: Callable[[object], None], op_hook: Callable | None = None) -> None:
+                 on_free: Callable[[object], None], op_hook: Callable | None = None,
+                 host=None) -> None:
         super().__init__()
         self._on_new, self._on_free, self._op_hook = on_new, on_free, op_hook
+        self._host = host
+        """``memcalc.trace.host_states.HostStates`` of a rank offloading to the CPU: its
+        storages, and the new ones it places on the host, are not the device's."""
         self._known: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._refs: list[weakref.ref] = []
         self.op_names: set[str] = set()
@@ -288,6 +296,8 @@ class StorageWatcher(_PlainDispatchMode):
         if tensor.device.type == "meta":
             return None
         storage = tensor.untyped_storage()
+        if self._host is not None and self._host.holds(storage):
+            return None
         if storage in self._known:
             holder = self._known[storage]
             if holder[0] is None and empty_too and storage.nbytes() == 0:
@@ -352,12 +362,16 @@ class StorageWatcher(_PlainDispatchMode):
         outputs = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         self.op_names.add(name)
+        on_host = self._host is not None and self._host.outputs_on_host(args, kwargs)
 
         def watch_outputs(value) -> None:
             for tensor in _op_values((value,)):
                 if isinstance(tensor, torch.Tensor) and not self._shape_inference(tensor):
                     _refuse_real_allocation(func, tensor)
-                    self.watch(tensor)
+                    if on_host and tensor.untyped_storage() not in self._known:
+                        self._host.add(tensor.untyped_storage())
+                    else:
+                        self.watch(tensor)
 
         if self._op_hook is None or not self._op_hook(name, args, outputs, watch_outputs):
             watch_outputs(outputs)
@@ -713,6 +727,21 @@ def dtensor_caches_left_clean() -> Iterator[None]:
     finally:
         if _LAST_GROUP:
             _forget_dtensor_shardings()
+
+
+def fsdp_offload_copy_sites() -> frozenset:
+    """The code of FSDP2's two copies across host and GPU under ``CPUOffloadPolicy``: a
+    unit's sharded parameters to the GPU for the all-gather (``FSDPParam.all_gather_inputs``)
+    and a reduced gradient shard back to the host (``foreach_reduce``); empty where this
+    torch has neither."""
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_collectives, _fsdp_param
+    except ImportError:
+        return frozenset()
+    sites = (getattr(getattr(_fsdp_param.FSDPParam, "all_gather_inputs", None), "fget", None),
+             getattr(_fsdp_collectives, "foreach_reduce", None))
+    # foreach_reduce runs under @torch.no_grad(): its own code is the wrapped function's
+    return frozenset(inspect.unwrap(site).__code__ for site in sites if site is not None)
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:

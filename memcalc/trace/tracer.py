@@ -26,6 +26,7 @@ from memcalc.trace._torch_internals import (
     RealAllocationError,
     StorageWatcher,
     fake_cpu_mode,
+    local_tensor,
     materialize_fake,
     quiet_fake_tensor_logger,
 )
@@ -48,6 +49,7 @@ from memcalc.model.inputs import (InputTensor, ModelCall, ModelInputs, make_call
                                   require_binding)
 from memcalc.trace.ledger import MemoryLedger, Phase, StorageRecord
 from memcalc.trace.compiled import compiled_regions, fallbacks
+from memcalc.trace.host_states import HostStates
 from memcalc.trace.host_tensors import HostTensorCounter
 from memcalc.trace.offload import OffloadCounter
 from memcalc.trace.optimizers import OptimizerRule
@@ -182,6 +184,9 @@ class TraceResult:
     sized_records: dict[int, SizeRule] = field(default_factory=dict)
     """Ledger records whose bytes a rule gives (cuDNN workspaces, CUDA's embedding backward
     scratch), by record id."""
+    offloaded_state_bytes: int = 0
+    """Peak host bytes of an FSDP2 rank's offloaded states (``host_states``): parameter and
+    gradient shards, the optimizer's state and its step's temporaries; 0 without offload."""
 
 
 def step_model(setup: StepSetup, halos: ZeroHalos, meta_model: nn.Module) -> nn.Module:
@@ -302,10 +307,12 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                                  benchmark=setup.cudnn_benchmark, tf32=setup.cudnn_tf32)
                   if setup.cudnn is not None else None)
     columns = CpuConvColumns(transient) if setup.cpu_kernels else None
+    states = HostStates() if setup.parallel is not None and setup.parallel.cpu_offload else None
     attention = (AttentionWorkspaces(setup.cuda_capability or ASSUMED_CAPABILITY,
                                      lambda nbytes: transient(nbytes, optional=False))
                  if setup.cuda_kernels else None)
-    watcher = StorageWatcher(on_new, ledger.free, first_taker(workspaces or columns, attention))
+    watcher = StorageWatcher(on_new, ledger.free, first_taker(workspaces or columns, attention),
+                             host=states)
     halo = ZeroHalos()
     model = step_model(setup, halo, meta_model)
     model, regions = compiled_regions(model, setup.compile_regions, setup.cuda_kernels)
@@ -319,6 +326,8 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
         batch = (make_call(model, setup.inputs, setup.batch_shape[0]) if stages.first
                  else ModelCall(()))
         model = stages.container
+    if states is not None:         # FSDP2 offloads every parameter shard it manages
+        states.hold(local_tensor(parameter) for parameter in model.parameters())
     if stages is None or stages.first:
         require_binding(meta_model, batch)
     label(watcher, model.parameters(), MemoryCategory.PARAMETER)
@@ -338,6 +347,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
     try:
         with (bounded, watcher, legacy, kernels or contextlib.nullcontext(),
               host if setup.host_tensors else contextlib.nullcontext(),
+              states.copies() if states is not None else contextlib.nullcontext(),
               noting(partial(_note_rule, watcher, sized))):
             job_model = wrapped(setup.parallel, model, False, mesh) if stages is None else model
             optimizer = job_optimizer(setup.parallel, mesh,
@@ -374,6 +384,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                        tuple(sorted(kernels.target.unmodelled if kernels else
                                     columns.unmodelled if columns else ())),
                        compile_fallbacks=fallbacks(regions), sized_records=sized,
+                       offloaded_state_bytes=states.peak_bytes if states is not None else 0,
                        ring_bytes=ring.moved_bytes // setup.iterations if ring else 0)
 
 
