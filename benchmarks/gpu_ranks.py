@@ -38,6 +38,7 @@ LARGEST_BUDGETS_GIB = {
     "llama3-1b ddp8 bf16-mixed b2": 64,
     "llama3-1b zero2 bf16 full b4": 30,
     "llama3-1b fsdp8 fp32 b2 clip": 56,
+    "llama3-8b fsdp8 bf16 selective b2 cpu-offload": 64,
 }
 """``--largest``: the local batch searched for each case with the caching allocator capped at
 this many GiB (``torch.cuda.set_per_process_memory_fraction``)."""
@@ -123,7 +124,8 @@ def store(folders: list[Path], machine: str = "h200") -> None:
                 "training steps from a fresh process",
         "command": "python -m benchmarks.gpu_ranks --out DIR", "rows": []}
     rows = {row["name"]: row for row in stored["rows"]}
-    traces = {}
+    kept = DATA / f"{machine}-rank-traces.json.gz"
+    traces = json.loads(gzip.decompress(kept.read_bytes())) if kept.exists() else {}
     for folder in folders:
         for line in (folder / "ranks.jsonl").read_text().splitlines():
             row = json.loads(line)
@@ -144,8 +146,8 @@ def store(folders: list[Path], machine: str = "h200") -> None:
                 traces[row["name"]] = {"trace": row["trace"], "segments": row["segments"]}
     stored["rows"] = list(rows.values())
     target.write_text(json.dumps(stored, indent=1) + "\n")
-    if traces:
-        with gzip.open(DATA / f"{machine}-rank-traces.json.gz", "wt") as out:
+    if any(folder.joinpath("histories.jsonl.gz").exists() for folder in folders):
+        with gzip.open(kept, "wt") as out:
             json.dump(traces, out)
 
 
@@ -163,12 +165,7 @@ def table() -> list[str]:
              "| job (rank 0) | allocated GiB: memcalc / measured | reserved GiB: memcalc / "
              "measured | error allocated / reserved |", "|---|---|---|---|"]
     for row in stored["rows"]:
-        case = CASES[row["name"]]
-        if case.cpu_offload:
-            lines.append(f"| {row['name']} | not traced / {row['max_allocated_bytes'] / gib:.2f} "
-                         f"| not traced / {row['max_reserved_bytes'] / gib:.2f} | — |")
-            continue
-        device = estimate(case.spec, card_fits=False).device
+        device = estimate(CASES[row["name"]].spec, card_fits=False).device
         errors = [100 * (device.peak_allocated_bytes / row["max_allocated_bytes"] - 1),
                   100 * (device.peak_reserved_bytes / row["max_reserved_bytes"] - 1)]
         lines.append(f"| {row['name']} | {device.peak_allocated_bytes / gib:.2f} / "
@@ -227,8 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.out / "ranks.jsonl", "a") as out:
         out.write(json.dumps({"environment": _environment(args.device)}) + "\n")
     for name in CASES:
-        if ((args.only and args.only not in name) or (args.record and CASES[name].cpu_offload)
-                or (args.largest and name not in LARGEST_BUDGETS_GIB)):
+        if (args.only and args.only not in name) or (args.largest
+                                                     and name not in LARGEST_BUDGETS_GIB):
             continue
         started = time.time()
         command = [sys.executable, "-m", "benchmarks.gpu_ranks", "--child", name,

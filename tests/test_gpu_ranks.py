@@ -20,7 +20,6 @@ from tests.fixtures.gpu_rank_cases import CASES
 from tests.fixtures.published_distributed import PUBLISHED_RANKS
 
 ROWS = {row["name"]: row for row in gpu_data.ranks()["rows"]}
-TRACED = sorted(name for name, case in CASES.items() if not case.cpu_offload)
 SIDE_STREAMS = {name for name, case in CASES.items()
                 if case.spec.parallel.strategy.value in ("fsdp", "zero2")
                 and case.world > case.spec.parallel.tp}
@@ -44,7 +43,7 @@ def test_the_measured_ranks_reproduce_torchtitans_published_ones(published):
 
 def test_the_allocator_model_replays_real_multi_stream_histories():
     traces = gpu_data.rank_traces()
-    assert set(traces) == set(TRACED)
+    assert set(traces) == set(CASES)
     for name, stored in traces.items():
         modelled, real = replayed_peaks(stored["trace"], streams=True)
         assert modelled == pytest.approx(real, rel=0.01), name
@@ -56,7 +55,7 @@ def test_the_allocator_model_replays_real_multi_stream_histories():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", TRACED)
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_a_traced_rank_meets_the_rank_measured_on_the_gpu(name):
     row = ROWS[name]
     device = estimate(CASES[name].spec, card_fits=False).device
