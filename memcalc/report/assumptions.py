@@ -222,8 +222,9 @@ def step_assumptions(spec: TrainingSpec, *, checkpoint_blocks: tuple[str, ...],
         lines.append(
             "FSDP2 CPU offload traced as CPUOffloadPolicy runs it: parameter shards, their "
             "gradients and the optimizer step in host RAM "
-            f"({format_bytes(offloaded_state_bytes)} at most per GPU process, not pinned: "
-            "CUDA's host allocator rounds pinned blocks up to powers of two), each unit's "
+            f"({format_bytes(offloaded_state_bytes)} at most per GPU process; pinned by "
+            "default, and CUDA's pinned allocator rounds each block up to a power of two, up "
+            "to twice that), each unit's "
             "shards copied to the GPU for its all-gather and each reduced gradient shard "
             "back; the copies' time is not modelled")
     if spec.spatial_parts > 1:
