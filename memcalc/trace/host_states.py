@@ -22,6 +22,7 @@ import threading
 
 import torch
 
+from memcalc.errors import TraceError
 from memcalc.trace._torch_internals import fsdp_offload_copy_sites, tree_flatten
 from memcalc.trace.host_tensors import LiveStorageBytes
 
@@ -55,7 +56,11 @@ class HostStates(LiveStorageBytes):
             self._crossing = None
 
     def copies(self) -> OffloadCopies:
-        """The mode that makes FSDP2's copies across real (entered around the traced step)."""
+        """What makes FSDP2's copies across real (entered around the traced step)."""
+        if not fsdp_offload_copy_sites():
+            raise TraceError("--cpu-offload: this torch's FSDP2 has none of the copies "
+                             "memcalc follows (FSDPParam.all_gather_inputs, foreach_reduce); "
+                             "use torch 2.6 or newer")
         return OffloadCopies(self)
 
 
