@@ -57,11 +57,12 @@ class HostStates(LiveStorageBytes):
 
     def copies(self) -> OffloadCopies:
         """What makes FSDP2's copies across real (entered around the traced step)."""
-        if not fsdp_offload_copy_sites():
+        sites = fsdp_offload_copy_sites()
+        if not sites:
             raise TraceError("--cpu-offload: this torch's FSDP2 has none of the copies "
                              "memcalc follows (FSDPParam.all_gather_inputs, foreach_reduce); "
                              "use torch 2.6 or newer")
-        return OffloadCopies(self)
+        return OffloadCopies(self, sites)
 
 
 class OffloadCopies:
@@ -76,15 +77,15 @@ class OffloadCopies:
     _active: dict[int, HostStates] = {}
     _original = None
 
-    def __init__(self, states: HostStates) -> None:
-        self.states, self.thread = states, threading.get_ident()
+    def __init__(self, states: HostStates, sites: frozenset) -> None:
+        self.states, self.sites, self.thread = states, sites, threading.get_ident()
 
     def __enter__(self) -> None:
         cls = type(self)
         with cls._lock:
             if not cls._active:
                 cls._original = original = torch.Tensor.to
-                sites = fsdp_offload_copy_sites()
+                sites = self.sites
 
                 def to(tensor, *args, **kwargs):
                     states = cls._active.get(threading.get_ident())
