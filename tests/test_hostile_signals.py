@@ -76,10 +76,12 @@ def test_a_signal_during_a_dataset_probe_leaves_no_probe(command, sent, code, tm
     assert LEFTOVER_WARNING not in stderr
 
 
-def test_sigterm_while_a_builder_hangs_ends_its_helper_too(tmp_path):
+@pytest.mark.parametrize("builder", ["spawning_then_hanging", "spawning_then_swallowing"])
+def test_sigterm_while_a_builder_hangs_ends_its_helper_too(builder, tmp_path):
+    """Also where the builder swallows the exception SIGTERM raised: it is raised again."""
     marker = f"{MARKER_PREFIX}-signal-builder"
     process = subprocess.Popen([sys.executable, "-m", "memcalc", "estimate", "--model",
-                                f"{MORE}:spawning_then_hanging", *SPEC], cwd=ROOT,
+                                f"{MORE}:{builder}", *SPEC], cwd=ROOT,
                                env=_environment(marker, str(tmp_path)), stdin=subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                preexec_fn=_default_sigint)

@@ -53,5 +53,88 @@ def test_the_signal_comes_again_when_it_lands_in_torch_and_raises_elsewhere():
         assert arrived
     finally:
         signal.signal(signal.SIGUSR1, before)
-    with pytest.raises(KeyboardInterrupt):
-        raise_where_safe(signal.SIGUSR1, frame_in(__file__), KeyboardInterrupt())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            raise_where_safe(signal.SIGUSR1, frame_in(__file__), KeyboardInterrupt())
+    finally:
+        signal_raise.settle()
+
+
+class Stop(BaseException):
+    """A signal's exception, as ``Terminated`` is."""
+
+
+@pytest.fixture
+def stop_on_usr1():
+    """SIGUSR1 raises ``Stop`` where safe (as the CLI's SIGTERM handler does); each delivery is
+    recorded. Whatever is still owed is settled after the test, as the guard would."""
+    deliveries = []
+
+    def handler(signum, frame):
+        deliveries.append(time.monotonic())
+        raise_where_safe(signum, frame, Stop())
+
+    before = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield deliveries
+    finally:
+        signal_raise.settle()
+        time.sleep(signal_raise.RECHECK_S + 0.2)       # a recheck sent meanwhile lands here
+        signal.signal(signal.SIGUSR1, before)
+
+
+def _signalled_and_swallowed() -> bool:
+    """SIGUSR1 sent, and its exception lost in the user's ``except BaseException: pass`` (or in
+    C code clearing the error)."""
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(5)
+    except BaseException:       # noqa: BLE001 (the point of the test)
+        return True
+    return False
+
+
+def test_an_exception_lost_where_it_was_raised_is_raised_again(stop_on_usr1):
+    assert _signalled_and_swallowed()
+    started = time.monotonic()
+    with pytest.raises(Stop):
+        try:
+            time.sleep(5)
+        finally:
+            signal_raise.settle()       # caught: as the guard does
+    assert time.monotonic() - started < 4 * signal_raise.RECHECK_S
+    assert len(stop_on_usr1) == 2
+
+
+def test_the_work_ending_raises_what_it_lost(stop_on_usr1):
+    assert _signalled_and_swallowed()
+    with pytest.raises(Stop):
+        try:
+            signal_raise.raise_owed()
+        finally:
+            signal_raise.settle()
+
+
+def test_cleanup_of_the_raised_exception_is_not_interrupted(stop_on_usr1):
+    cleaned = []
+    with pytest.raises(Stop):
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(5)
+        finally:
+            time.sleep(3 * signal_raise.RECHECK_S)     # the signal comes again meanwhile
+            cleaned.append(True)
+            signal_raise.settle()
+    assert cleaned == [True] and len(stop_on_usr1) >= 3
+
+
+def test_once_the_guard_has_it_the_signal_stops_coming(stop_on_usr1):
+    with pytest.raises(Stop):
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(5)
+        finally:
+            signal_raise.settle()
+    time.sleep(3 * signal_raise.RECHECK_S)
+    assert len(stop_on_usr1) <= 2           # at most one sent just before the guard settled
+    signal_raise.raise_owed()               # nothing owed: returns

@@ -27,7 +27,7 @@ from memcalc.cli.leftovers import (
     leftovers_warning,
 )
 from memcalc.cli.output import PIPE_CLOSED_EXIT_CODE, OutputClosed, contained_stdout
-from memcalc.cli.signal_raise import raise_where_safe
+from memcalc.cli.signal_raise import raise_owed, raise_where_safe, settle
 from memcalc.cli.traps import (
     HardExit,
     end_forked_copy,
@@ -62,7 +62,9 @@ def run_guarded(ctx: click.Context, work) -> None:
     try:
         with trapped(), contained_stdout(), deadline(timeout_of(ctx), partial(_hard_stop, before)):
             work()
+            raise_owed()        # a signal whose exception the work swallowed
     except BaseException as error:   # SystemExit from sys.exit(code) of a command passes
+        settle()
         if isinstance(error, SystemExit) or (debug and not isinstance(error, Terminated)):
             raise
         if isinstance(error, OutputClosed):   # the reader has the answer it wanted
