@@ -103,7 +103,7 @@ def test_an_exception_lost_where_it_was_raised_is_raised_again(stop_on_usr1):
         finally:
             signal_raise.settle()       # caught: as the guard does
     assert time.monotonic() - started < 4 * signal_raise.RECHECK_S
-    assert len(stop_on_usr1) == 2
+    assert len(stop_on_usr1) >= 2           # the signal came again
 
 
 def test_the_work_ending_raises_what_it_lost(stop_on_usr1):
