@@ -72,6 +72,7 @@ def run_guarded(ctx: click.Context, work) -> None:
         _fail(*_failure(error))
     finally:
         end_forked_copy()
+        settle(signal.SIGTERM)
         signal.signal(signal.SIGTERM, previous)
         early_workers.discard()      # started for a plan that never took them: not the user's
         _warn_leftovers(end_new_descendants(before))

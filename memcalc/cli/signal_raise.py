@@ -65,11 +65,15 @@ def raise_where_safe(signum: int, frame: FrameType | None, error: BaseException)
     raise error
 
 
-def settle() -> None:
+def settle(signum: int | None = None) -> None:
     """The command's guard caught the exception (whichever signal's it was): nothing is owed,
-    and no signal comes again."""
+    and no signal comes again. With ``signum``: that signal's handler is about to be put back
+    (a signal sent again after that would meet the handler that was there before)."""
     with _LOCK:
-        _OWED.clear()
+        if signum is None:
+            _OWED.clear()
+        else:
+            _OWED.pop(signum, None)
 
 
 def raise_owed() -> None:

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from memcalc.cli.signal_raise import raise_where_safe
+from memcalc.cli.signal_raise import raise_where_safe, settle
 
 
 class HardExit(BaseException):
@@ -110,4 +110,5 @@ def trapped() -> Iterator[None]:
         sys.stderr, os._exit = real_stderr, real_exit
         _STATE.update(owner=None, line_open=not tracking.at_line_start)
         if replaced:
+            settle(signal.SIGINT)
             signal.signal(signal.SIGINT, previous_sigint)
