@@ -143,3 +143,11 @@ def test_once_the_guard_has_it_the_signal_stops_coming(stop_on_usr1):
     time.sleep(3 * RECHECK_S)
     assert len(stop_on_usr1) <= 2           # at most one sent just before the guard settled
     signal_raise.raise_owed()               # nothing owed: returns
+
+
+def test_a_handler_put_back_never_meets_a_signal_sent_again(stop_on_usr1):
+    assert _signalled_and_swallowed()                   # owed: it would come again
+    met = []
+    signal_raise.put_back(signal.SIGUSR1, lambda *_: met.append(True))
+    time.sleep(3 * RECHECK_S)
+    assert met == [] and len(stop_on_usr1) == 1

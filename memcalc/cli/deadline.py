@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 import click
 
 from memcalc.cli.leftovers import leftovers_warning
-from memcalc.cli.signal_raise import raise_where_safe, settle
+from memcalc.cli.signal_raise import put_back, raise_where_safe
 from memcalc.cli.types import FiniteFloatRange
 
 DEFAULT_TIMEOUT_S = 900.0
@@ -84,8 +84,7 @@ def deadline(seconds: float, on_hard_stop: Callable[[str], None]) -> Iterator[No
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        settle(signal.SIGALRM)
-        signal.signal(signal.SIGALRM, previous)
+        put_back(signal.SIGALRM, previous)
         finished.set()
 
 

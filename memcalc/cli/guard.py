@@ -27,7 +27,7 @@ from memcalc.cli.leftovers import (
     leftovers_warning,
 )
 from memcalc.cli.output import PIPE_CLOSED_EXIT_CODE, OutputClosed, contained_stdout
-from memcalc.cli.signal_raise import raise_owed, raise_where_safe, settle
+from memcalc.cli.signal_raise import put_back, raise_owed, raise_where_safe, settle
 from memcalc.cli.traps import (
     HardExit,
     end_forked_copy,
@@ -72,8 +72,7 @@ def run_guarded(ctx: click.Context, work) -> None:
         _fail(*_failure(error))
     finally:
         end_forked_copy()
-        settle(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, previous)
+        put_back(signal.SIGTERM, previous)
         early_workers.discard()      # started for a plan that never took them: not the user's
         _warn_leftovers(end_new_descendants(before))
 

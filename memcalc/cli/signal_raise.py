@@ -26,6 +26,7 @@ SIGTERM (``--timeout``'s watchdog still ends it).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 from types import FrameType
@@ -67,13 +68,19 @@ def raise_where_safe(signum: int, frame: FrameType | None, error: BaseException)
 
 def settle(signum: int | None = None) -> None:
     """The command's guard caught the exception (whichever signal's it was): nothing is owed,
-    and no signal comes again. With ``signum``: that signal's handler is about to be put back
-    (a signal sent again after that would meet the handler that was there before)."""
+    and no signal comes again. With ``signum``: that signal only (``put_back``)."""
     with _LOCK:
         if signum is None:
             _OWED.clear()
         else:
             _OWED.pop(signum, None)
+
+
+def put_back(signum: int, handler) -> None:
+    """Put ``handler`` back for ``signum`` once nothing is owed for it: a signal sent again
+    after that would meet the handler that was there before."""
+    settle(signum)
+    signal.signal(signum, handler)
 
 
 def raise_owed() -> None:

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from memcalc.cli.signal_raise import raise_where_safe, settle
+from memcalc.cli.signal_raise import put_back, raise_where_safe
 
 
 class HardExit(BaseException):
@@ -110,5 +110,4 @@ def trapped() -> Iterator[None]:
         sys.stderr, os._exit = real_stderr, real_exit
         _STATE.update(owner=None, line_open=not tracking.at_line_start)
         if replaced:
-            settle(signal.SIGINT)
-            signal.signal(signal.SIGINT, previous_sigint)
+            put_back(signal.SIGINT, previous_sigint)
