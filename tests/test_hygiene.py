@@ -267,6 +267,35 @@ def test_the_first_import_and_call_in_a_fresh_process_leave_env_and_warnings_alo
     assert run.stdout.split("\n")[-2] == "[] 0 True"
 
 
+def sockets_on_ports(ports: set[int]) -> set[str]:
+    """The open-file names (``socket:[inode]``) of TCP sockets bound to one of ``ports``: a
+    kernel's connections to its client. The client makes a new one whenever a heartbeat goes
+    unanswered for a second (a frozen or starved kernel), which is the kernel's business."""
+    names = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as rows:
+                for row in list(rows)[1:]:
+                    fields = row.split()
+                    if int(fields[1].rsplit(":", 1)[1], 16) in ports:
+                        names.add(f"socket:[{fields[9]}]")
+        except OSError:
+            pass
+    return names
+
+
+def test_sockets_on_ports_names_a_listening_socket_by_its_port_only():
+    import socket
+
+    with socket.socket() as listening, socket.socket() as other:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        other.bind(("127.0.0.1", 0))
+        name = os.readlink(f"/proc/self/fd/{listening.fileno()}")
+        assert name in sockets_on_ports({listening.getsockname()[1]})
+        assert name not in sockets_on_ports({other.getsockname()[1]})
+
+
 KERNEL_SETTLE_TRIES = 20
 """Snapshots 0.1 s apart before a kernel counts as changed: an open file of the kernel's own
 threads (sending a cell's output) closes by itself, a leaked one stays."""
@@ -275,12 +304,19 @@ threads (sending a cell's output) closes by itself, a leaked one stays."""
 KERNEL_CELLS = [
     "%matplotlib inline",
     "import sys, memcalc\n"
-    "from tests.test_hygiene import KERNEL_SETTLE_TRIES, TINY, snapshot, _differences\n"
+    "from tests.test_hygiene import KERNEL_SETTLE_TRIES, TINY, snapshot, _differences,"
+    " sockets_on_ports\n"
     "memcalc.plot(memcalc.estimate('mlp', (32,), **TINY))   # torch's lazy imports, once",
     "import matplotlib, IPython\n"
+    "from ipykernel.connect import get_connection_info\n"
     "shell = IPython.get_ipython()\n"
+    "ports = {value for key, value in get_connection_info(unpack=True).items()"
+    " if key.endswith('_port')}\n"
     "def kernel_state():\n"
-    "    return {**snapshot(), 'backend': matplotlib.get_backend(),\n"
+    "    state = snapshot()\n"
+    "    own = sockets_on_ports(ports)   # the client's connections, remade when it likes\n"
+    "    state['fds'] = frozenset(fd for fd in state['fds'] if fd[1] not in own)\n"
+    "    return {**state, 'backend': matplotlib.get_backend(),\n"
     "            'displayhook': sys.displayhook, 'excepthook': sys.excepthook,\n"
     "            'formatters': dict(shell.display_formatter.formatters['text/html'].type_printers),\n"
     "            'user names': sorted(name for name in shell.user_ns if not name.startswith('_'))}\n"
@@ -305,6 +341,8 @@ KERNEL_CELLS = [
     "    if not changed:\n"
     "        break\n"
     "    time.sleep(0.1)\n"
+    "if 'fds' in changed:   # only what was opened, not the whole listing\n"
+    "    changed['fds'] = sorted(changed['fds'][1] - changed['fds'][0])\n"
     "print('KERNEL DIFFERENCES', sorted(changed), changed)",
 ]
 
@@ -316,7 +354,9 @@ def test_a_notebook_kernel_is_left_as_it_was():
     everything ``snapshot`` holds are as before; the first display may register memcalc's HTML
     formatters, which is what displaying asks for. A first plot comes before the snapshot:
     showing its PNG starts pyzmq's garbage-collector thread (large messages are sent without
-    a copy) and matplotlib's font cache, the kernel's and matplotlib's own for any figure."""
+    a copy) and matplotlib's font cache, the kernel's and matplotlib's own for any figure.
+    The kernel's TCP connections to its client are left out of its open files: on a starved
+    machine a missed heartbeat makes the client connect anew (CI saw one new socket)."""
     import nbformat
     from nbclient import NotebookClient
 
