@@ -110,7 +110,7 @@ def _estimate(spec: TrainingSpec, progress: Progress | None,
               batch_search: BatchSearch = BatchSearch.SEARCHED,
               resident_worker_bytes: int = 0) -> Report:
     if spec.machine is None:      # checked now, not after the trace, on the detected machine
-        _workers_within_cpus(spec.loader, detect_machine())
+        _workers_within_cpus(spec.loader, spec.machine_share(detect_machine()))
     measurement = (measure_worker(spec.loader, spec.batch_size or 1, progress=progress)
                    if spec.loader.dataset else None)
     with fewer_collections():

@@ -299,8 +299,13 @@ class TrainingSpec(BaseModel):
 
     @model_validator(mode="after")
     def _workers_within_cpus(self) -> TrainingSpec:
-        check_workers_within_cpus(self.loader, self.machine)
+        check_workers_within_cpus(self.loader, self.machine and self.machine_share(self.machine))
         return self
+
+    def machine_share(self, machine: MachineSpec) -> MachineSpec:
+        """What one training process of this job has of ``machine``: all of it, or its
+        equal share where the job runs one process per GPU of the node (``--gpus``)."""
+        return machine.shared_by(self.parallel.gpus_per_node if self.parallel else 1)
 
     @property
     def evaluated_window(self) -> SlidingWindowSpec | None:

@@ -67,3 +67,27 @@ def test_a_worker_whose_speed_depends_on_the_heap_is_forecast_in_a_training_scri
     assert states.fresh_seconds_per_sample == report.host.measurement.feeding_seconds_per_sample
     assert states.training_seconds_per_sample != states.fresh_seconds_per_sample
     assert any("depends on glibc's heap they inherit" in line for line in throughput.assumptions)
+
+
+NODE = {"cpus": 32, "ram_bytes": 256 << 30}
+
+
+def test_a_rank_of_an_eight_gpu_node_plans_its_host_side_on_an_eighth_of_the_node():
+    """Eight training processes, each with its own DataLoader workers, share the node: one
+    rank's host plan has 4 of its 32 CPUs and 32 GiB of its 256 GiB, so eight of them at
+    their peak fit the node."""
+    spec = TrainingSpec(model="mlp", model_args={"in_features": 32, "hidden": 16, "depth": 1},
+                        sample_shape=(32,), batch_size=BATCH, gpu="H100-80GB", machine=NODE,
+                        parallel={"strategy": "ddp", "gpus_per_node": 8})
+    host = estimate(spec).host
+    assert (host.spec.machine.cpus, host.limit_bytes) == (4, 32 << 30)
+    assert host.max_num_workers <= 4 and 8 * (host.recommended_num_workers + 1) <= 32
+    assert 8 * host.peak_bytes <= NODE["ram_bytes"]
+    assert any("one of 8 training processes on the node" in note for note in host.assumptions)
+
+
+def test_workers_per_process_beyond_its_share_of_the_node_are_refused():
+    with pytest.raises(ValueError, match=r"num_workers 8 \(--num-workers\) is more than the 4 "
+                                         r"CPUs of one of the 8 training processes"):
+        TrainingSpec(model="mlp", sample_shape=(32,), machine=NODE, loader={"num_workers": 8},
+                     parallel={"strategy": "ddp", "gpus_per_node": 8})

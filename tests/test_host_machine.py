@@ -75,3 +75,15 @@ def test_given_ram_assumes_linux_default_shm():
 def test_bad_machine_options_name_the_problem(options, message):
     with pytest.raises(InputError, match=message):
         machine_from_options(*options)
+
+
+def test_a_process_of_eight_on_a_node_has_an_eighth_of_it():
+    node = MachineSpec(cpus=36, ram_bytes=512 * GIB, shm_bytes=64 * GIB)
+    share = node.shared_by(8)
+    assert (share.cpus, share.limit_bytes, share.shm_bytes) == (4, 64 * GIB, 8 * GIB)
+    assert share.node_processes == 8 and "one of 8 training processes" in share.described()
+    assert node.shared_by(1) is node
+    # a SLURM allocation's per-CPU memory stays the cap of the share
+    slurm = MachineSpec(cpus=32, ram_bytes=512 * GIB, mem_per_cpu_bytes=4 * GIB)
+    assert slurm.shared_by(8).limit_bytes == 32 * 4 * GIB // 8
+    assert MachineSpec(cpus=4, ram_bytes=GIB).shared_by(8).cpus == 1   # never none

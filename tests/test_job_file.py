@@ -53,7 +53,8 @@ def test_the_file_sets_the_job_and_the_command_line_overrides_it(toml_file):
     spec = _json(["estimate", "--spec", toml_file])["spec"]
     assert (spec["model"], spec["precision"], spec["batch_size"]) == ("mlp", "bf16-mixed", 16)
     assert spec["machine"] == {"cpus": 8, "ram_bytes": 64 << 30, "mem_per_cpu_bytes": None,
-                               "shm_bytes": 32 << 30, "shm_assumed": True, "source": "given"}
+                               "shm_bytes": 32 << 30, "shm_assumed": True, "source": "given",
+                               "node_processes": 1}
     # an option given explicitly wins even when it is the option's default
     spec = _json(["estimate", "--spec", toml_file, "--precision", "fp32", "--batch-size", "2",
                   "--cpus", "2", "--ram", "4GiB"])["spec"]

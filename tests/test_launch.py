@@ -1,7 +1,11 @@
 """Launch artefacts: the torchrun line and the SLURM header sized by the host plan."""
 
+import re
+
+from memcalc.device.gpus import find_gpu
 from memcalc.host import HostSpec, MachineSpec, host_estimate
-from memcalc.strategies.launch import slurm_header, torchrun_command
+from memcalc.specs import TrainingSpec
+from memcalc.strategies.launch import launch_files, slurm_header, torchrun_command
 from memcalc.strategies.report import Candidate
 from memcalc.strategies.specs import ClusterSpec, Strategy
 
@@ -39,3 +43,29 @@ def test_a_header_sized_on_this_machine_says_so_first():
     assert warning < next(i for i, line in enumerate(lines) if "--cpus-per-task" in line)
     assert not any("DOES NOT FIT" in line for line in lines)
     assert any(line.endswith("this machine has 2") for line in lines)
+
+
+def files(machine: MachineSpec, num_workers: int | None = None) -> dict:
+    host = host_estimate(HostSpec(sample_shape=(3, 224, 224), batch_size=64, machine=machine,
+                                  loader={"num_workers": num_workers}))
+    return launch_files(DDP, EIGHT, host, TrainingSpec(model="mlp", gpu="H100-80GB"),
+                        find_gpu("H100-80GB"))
+
+
+def _script_workers(script: str) -> int:
+    return int(re.search(r"^NUM_WORKERS = (\d+)$", script, re.MULTILINE).group(1))
+
+
+def test_train_py_runs_the_workers_the_header_gives_each_of_the_nodes_processes():
+    """Eight processes share a node of 32 CPUs: train.py's DataLoader (one per process) and
+    the SLURM header agree, and 8 × (workers + main) fit the node's CPUs."""
+    made = files(MachineSpec(cpus=32, ram_bytes=256 << 30))
+    workers = _script_workers(made["train_script"])
+    assert f"# {workers} DataLoader workers per GPU process" in "\n".join(made["slurm"])
+    assert 8 * (workers + 1) <= 32 and workers >= 1
+
+
+def test_workers_given_per_process_are_kept_where_the_share_holds_them():
+    assert _script_workers(files(MachineSpec(cpus=32, ram_bytes=256 << 30), 2)["train_script"]) == 2
+    # 8 workers in each of 8 processes would be 64 on 32 CPUs: the share's own count instead
+    assert _script_workers(files(MachineSpec(cpus=32, ram_bytes=256 << 30), 8)["train_script"]) <= 3

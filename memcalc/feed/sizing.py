@@ -125,7 +125,8 @@ def _host_spec(inputs: HostInputs) -> HostSpec:
         host_tensor_bytes=device.host_tensor_bytes,
         offloaded_state_bytes=device.offloaded_state_bytes,
         resident_worker_bytes=inputs.resident_worker_bytes,
-        cuda=spec.device is DeviceKind.CUDA, machine=spec.machine or detect_machine(),
+        cuda=spec.device is DeviceKind.CUDA,
+        machine=spec.machine_share(spec.machine or detect_machine()),
         loader=spec.loader.model_copy(update={"sample_dtype": spec.loader.sample_dtype
                                               or inputs.input_dtype}))
 

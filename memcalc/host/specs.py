@@ -72,6 +72,9 @@ class MachineSpec(BaseModel):
     """``shm_bytes`` is Linux's default tmpfs size for the given RAM, not given or detected."""
     source: str = "given"
     """Where the figures come from: given on the command line, or detected on this machine."""
+    node_processes: int = Field(default=1, ge=1)
+    """Training processes sharing the node (one per GPU of a distributed job) whose equal
+    share these figures are (``shared_by``); 1: the node's own."""
 
     @model_validator(mode="before")
     @classmethod
@@ -91,8 +94,22 @@ class MachineSpec(BaseModel):
         return self.source.startswith("detected")
 
     def described(self) -> str:
-        """``2 CPUs, 23.54 GiB, detected``."""
-        return f"{self.cpus} CPUs, {format_bytes(self.limit_bytes)}, {self.source}"
+        """``2 CPUs, 23.54 GiB, detected``; a share says whose."""
+        share = (f", one of {self.node_processes} training processes' share of the node"
+                 if self.node_processes > 1 else "")
+        return f"{self.cpus} CPUs, {format_bytes(self.limit_bytes)}, {self.source}{share}"
+
+    def shared_by(self, processes: int) -> MachineSpec:
+        """One of ``processes`` training processes' equal share of this machine (one process
+        per GPU, each with its own DataLoader workers): its CPUs, RAM and /dev/shm divided,
+        at least one CPU each; the machine itself for one process."""
+        if processes == 1:
+            return self
+        return self.model_copy(update={
+            "cpus": max(1, self.cpus // processes),
+            "ram_bytes": self.limit_bytes // processes,
+            "shm_bytes": self.shm_bytes // processes if self.shm_bytes else None,
+            "node_processes": self.node_processes * processes})
 
     @property
     def limit_bytes(self) -> int:
@@ -109,8 +126,11 @@ def check_workers_within_cpus(loader: LoaderSpec, machine: MachineSpec | None) -
     workers = loader.num_workers
     if (machine is not None and workers is not None and workers > machine.cpus
             and not machine.detected):
+        whose = ("the machine" if machine.node_processes == 1 else
+                 f"one of the {machine.node_processes} training processes sharing the node "
+                 "(one per GPU)")
         raise ValueError(f"num_workers {workers} (--num-workers) is more than the "
-                         f"{machine.cpus} CPUs of the machine; use at most that many, or "
+                         f"{machine.cpus} CPUs of {whose}; use at most that many, or "
                          "describe the training node (--cpus; machine={'cpus': N} in Python)")
 
 

@@ -232,6 +232,11 @@ def _assumptions(spec: HostSpec, measurement: WorkerMeasurement | None,
         "process); give a GPU and a sample time (--dataset or --sample-time) to size it to the "
         "step",
     ]
+    if machine.node_processes > 1:
+        notes.append(f"one of {machine.node_processes} training processes on the node (one "
+                     "per GPU), each with its own DataLoader workers: its CPUs, RAM and "
+                     f"/dev/shm are 1/{machine.node_processes} of the node's, every process "
+                     "at its peak at once (they load and start their epochs together)")
     if machine.shm_bytes is None:
         notes.append("/dev/shm size not known: not checked (Linux's default tmpfs is half of "
                      "RAM, Docker's 64 MiB; give --shm)")

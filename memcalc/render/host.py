@@ -9,9 +9,17 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.host.report import HostReport, VerifyReport, env_text
+from memcalc.host.specs import MachineSpec
 from memcalc.render.helpers import bullets
 from memcalc.dtypes import dtype_bytes
 from memcalc.units import format_bytes
+
+
+def _share(machine: MachineSpec) -> str:
+    """Whose limit: a distributed job's process has its equal share of the node."""
+    processes = machine.node_processes
+    return (f" (1/{processes} of the node: one training process per GPU, each with its own "
+            "workers)" if processes > 1 else "")
 
 
 def host_renderable(host: HostReport, details: bool = True) -> Group:
@@ -29,7 +37,8 @@ def host_renderable(host: HostReport, details: bool = True) -> Group:
         + (f", loading the model {format_bytes(host.loading_bytes)}" if host.loading_bytes else "")
         + "); "
         f"/dev/shm {format_bytes(host.shm_peak_bytes)}{_shm_size(host)}\n"
-        f"limit {format_bytes(host.limit_bytes)} → usable {format_bytes(host.usable_bytes)}: "
+        f"limit {format_bytes(host.limit_bytes)}{_share(spec.machine)} → usable "
+        f"{format_bytes(host.usable_bytes)}: "
         f"{'fits' if host.fits else '[bold red]DOES NOT FIT[/]'}\n"
         f"[bold]max_num_workers {host.max_num_workers}[/] (limited by {host.limited_by}"
         + (f"; {host.max_num_workers_steady} if workers never collate at once"

@@ -25,7 +25,9 @@ def launch_files(chosen: Candidate | None, cluster: ClusterSpec, host: HostRepor
     if chosen is None:
         return {"torchrun": None, "slurm": None, "train_script": None}
     torchrun = torchrun_command(chosen, cluster)
-    workers = host.num_workers if host is not None else 2
+    # each GPU process's own DataLoader: the workers of its share of the node
+    workers = (per_process_host(host, node_layout(chosen, cluster)[1]).num_workers
+               if host is not None else 2)
     return {"torchrun": torchrun, "slurm": slurm_header(chosen, cluster, host),
             "train_script": train_script(chosen, spec, torchrun,
                                          "bfloat16" if gpu.bf16_tflops else "float16", workers,
@@ -48,14 +50,12 @@ def torchrun_command(candidate: Candidate, cluster: ClusterSpec, script: str = S
 
 def per_process_host(host: HostReport, processes: int) -> HostReport:
     """The host plan of one of ``processes`` training processes sharing the node equally."""
-    machine = host.spec.machine
     if processes == 1:
         return host
-    share = machine.model_copy(update={
-        "cpus": max(1, machine.cpus // processes),
-        "ram_bytes": machine.limit_bytes // processes,
-        "shm_bytes": machine.shm_bytes // processes if machine.shm_bytes else None})
-    loader = host.spec.loader.model_copy(update={"num_workers": None})
+    share = host.spec.machine.shared_by(processes)
+    given = host.spec.loader.num_workers   # per process, as each process's DataLoader takes it
+    loader = host.spec.loader.model_copy(update={
+        "num_workers": given if given is not None and given <= share.cpus else None})
     return host_estimate(host.spec.model_copy(update={"machine": share, "loader": loader}),
                          host.measurement)
 
@@ -79,7 +79,7 @@ def slurm_header(candidate: Candidate, cluster: ClusterSpec, host: HostReport | 
                          "--mem-per-cpu)")
         lines += [f"#SBATCH --cpus-per-task={min(wanted, node_cpus)}",
                   f"#SBATCH --mem-per-cpu={mem_per_cpu}",
-                  f"# {counted(share.recommended_num_workers, 'DataLoader worker')} per GPU "
+                  f"# {counted(share.num_workers, 'DataLoader worker')} per GPU "
                   f"process, {counted(per_node, 'process', 'processes')} per node sharing its "
                   f"{node_cpus} CPUs and RAM (host plan)"]
         if wanted > node_cpus:    # this machine's CPUs are no verdict on the training node
