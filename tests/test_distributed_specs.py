@@ -36,6 +36,9 @@ def test_context_parallel_ranks_share_their_samples_and_fsdp_shards_over_them(gp
     assert layout.dp * tp * cp == gpus
     assert layout.shard_ranks == gpus // tp
     assert f"context parallel {cp}" in layout.describe()
+    # the GPUs that share one replica's batch: every GPU of the group's tensor-parallel pairs
+    group = f"group of {cp} × {tp} GPUs" if tp > 1 else f"group of {cp} GPUs"
+    assert group in layout.per_gpu() and cp * tp == gpus // layout.dp
 
 
 @pytest.mark.parametrize("strategy", sorted(REPLICATED, key=str))

@@ -16,7 +16,8 @@ TINY = ["--model", "gpt2", "--model-arg", "vocab=1000", "--model-arg", "n_positi
         "--shape", "64", "--batch-size", "2", "--device", "cpu"]
 
 MISTAKES = {
-    "gpus without a strategy": (["--gpus", "8"], r"--gpus needs --strategy"),
+    "gpus without a strategy": (["--gpus", "8"],
+                                r"--gpus needs --strategy \(ddp, zero1, zero2, fsdp or pipeline\)"),
     "strategy without gpus": (["--strategy", "fsdp"], r"--strategy fsdp needs --gpus"),
     "tp without a strategy": (["--tp", "2"], r"--tp 2 needs --strategy and --gpus"),
     "tp not dividing the gpus": (["--strategy", "fsdp", "--gpus", "6", "--tp", "4"],

@@ -92,8 +92,9 @@ def parallel_from_options(options: dict) -> ParallelSpec | None:
                   bucket_cap_mb=options.pop("bucket_cap_mb", DDP_BUCKET_CAP_MB))
     if strategy is None:
         if gpus is not None:
-            raise InputError("--gpus needs --strategy (ddp, zero1, zero2 or fsdp) to say how the "
-                             "job is distributed")
+            names = [layout.value for layout in DataParallel]
+            raise InputError(f"--gpus needs --strategy ({', '.join(names[:-1])} or "
+                             f"{names[-1]}) to say how the job is distributed")
         given = [f"--{name} {fields[name]}" for name in ("tp", "cp", "pp") if fields[name] > 1]
         if given:      # else the job would be traced on one GPU without a word
             verb = "needs" if len(given) == 1 else "need"

@@ -190,7 +190,9 @@ class ParallelSpec(BaseModel):
             return (f" per pipeline replica ({self.describe()}; the rank of its largest "
                     "stage)")
         if self.cp > 1:
-            return (f" per context-parallel group of {self.cp} GPUs, each holding 1/{self.cp} "
+            gpus = f"{self.cp} × {self.tp} GPUs (tensor parallel inside)" if self.tp > 1 else \
+                f"{self.cp} GPUs"
+            return (f" per context-parallel group of {gpus}, each holding 1/{self.cp} "
                     f"of every sequence ({self.strategy.value} on {self.world_size} GPUs; the "
                     "larger of its first and last rank)")
         return f" per GPU ({self.strategy.value} on {self.world_size} GPUs, one rank)"
