@@ -223,3 +223,18 @@ def test_a_detected_machine_is_called_this_machine_and_the_options_named():
     assert any("for this machine" in w and "--cpus, --ram and --shm" in w
                for w in report.warnings)
     assert not any("for this machine" in w for w in host_estimate(seed()).warnings)
+
+
+def test_eight_processes_loading_a_model_the_node_holds_once_but_not_eight_times():
+    """A 32 GiB model: one process loading it (module and state dict) fits a 512 GiB node;
+    eight, one per GPU, need eight times that at once, more than the node has. Each one's
+    share says so and names the loading that does not copy the model into every process."""
+    node = MachineSpec(cpus=64, ram_bytes=512 * GIB)
+    spec = HostSpec(sample_shape=(2048,), batch_size=4, model_bytes=32 * GIB, machine=node)
+    alone = host_estimate(spec)
+    shared = host_estimate(spec.model_copy(update={"machine": node.shared_by(8)}))
+    assert alone.fits and alone.loading_bytes == shared.loading_bytes
+    assert 8 * shared.loading_bytes > node.limit_bytes and not shared.fits
+    assert "in each of 8 processes' share" in shared.limited_by
+    assert any("torch.distributed.checkpoint" in warning for warning in shared.warnings)
+    assert not any("torch.distributed.checkpoint" in warning for warning in alone.warnings)

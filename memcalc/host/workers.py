@@ -77,10 +77,21 @@ def host_estimate(spec: HostSpec, measurement: WorkerMeasurement | None = None) 
         measurement=measurement,
         assumptions=_assumptions(spec, measurement, sizes.batch),
         warnings=_warnings(spec, sizes.sample, measurement)
-        + (["loading the model is the host peak: torch.load(..., mmap=True) with "
-            "load_state_dict(..., assign=True) avoids holding a second copy"]
+        + ([_loading_advice(machine.node_processes)]
            if sizes.loading > max(sizes.epoch_start_at(count), sizes.steady_at(count)) else []),
     )
+
+
+def _loading_advice(processes: int) -> str:
+    """What lowers a loading peak; with ``processes`` per node, each of them loads at once."""
+    advice = ("loading the model is the host peak: torch.load(..., mmap=True) with "
+              "load_state_dict(..., assign=True) avoids holding a second copy")
+    if processes == 1:
+        return advice
+    return (f"{advice}; all {processes} processes on the node load it at once: build it on "
+            "the meta device and load each rank's shard (torch.distributed.checkpoint), or "
+            "load it in rank 0 only and broadcast it (FSDP's sync_module_states, Accelerate's "
+            "cpu_ram_efficient_loading)")
 
 
 class _Sizes:
@@ -192,7 +203,9 @@ def _limited_by(max_workers: int, cpus: int, sizes: _Sizes) -> str:
     if max_workers == cpus:
         return f"CPUs ({cpus})"
     if sizes.loading > sizes.usable:
-        return "RAM: loading the model (module + state dict) does not fit"
+        each = (f" in each of {sizes.spec.machine.node_processes} processes' share"
+                if sizes.spec.machine.node_processes > 1 else "")
+        return f"RAM: loading the model (module + state dict) does not fit{each}"
     if not sizes.fits(0):
         return "RAM: the main process alone does not fit"
     if sizes.total_at(max_workers + 1) <= sizes.usable:
