@@ -75,3 +75,13 @@ def test_offload_needs_fsdp2_and_a_gpu():
         ParallelSpec(strategy="ddp", gpus_per_node=2, cpu_offload=True)
     with pytest.raises(ValidationError, match="with --device cpu there is no GPU"):
         _spec(True).with_changes(device="cpu")
+
+
+@pytest.mark.parametrize("gpus, tp", [(1, 1), (2, 2)])
+def test_offload_over_one_shard_rank_is_refused_not_traced_wrong(gpus, tp):
+    """One shard rank (one GPU, or tensor parallel over all of them): FSDP2 skips its
+    all-gather, and the trace put the whole step in host RAM (808 MiB on an H100 for a batch
+    whose step needs 1.9 GiB without offload); refused until that path is followed."""
+    with pytest.raises(ValidationError, match="--cpu-offload over one shard rank is not traced"):
+        ParallelSpec(strategy="fsdp", gpus_per_node=gpus, tp=tp, cpu_offload=True)
+    assert ParallelSpec(strategy="fsdp", gpus_per_node=4, tp=2, cpu_offload=True).shard_ranks == 2

@@ -6,6 +6,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from memcalc.units import counted
+
 MAX_WORLD_SIZE = 1 << 16
 """The most ranks accepted (the largest published jobs run about 16 k GPUs)."""
 
@@ -181,7 +183,7 @@ class ParallelSpec(BaseModel):
                                            ("loss parallel", self.loss_parallel)) if on]
             extras.insert(0, f"tensor parallel {self.tp}"
                           + (f" ({' and '.join(asked)} where the model allows)" if asked else ""))
-        return (f"{self.strategy.value} on {self.world_size} GPUs{nodes}"
+        return (f"{self.strategy.value} on {counted(self.world_size, 'GPU')}{nodes}"
                 + "".join(f", {extra}" for extra in extras))
 
     def per_gpu(self) -> str:
@@ -195,7 +197,7 @@ class ParallelSpec(BaseModel):
             return (f" per context-parallel group of {gpus}, each holding 1/{self.cp} "
                     f"of every sequence ({self.strategy.value} on {self.world_size} GPUs; the "
                     "larger of its first and last rank)")
-        return f" per GPU ({self.strategy.value} on {self.world_size} GPUs, one rank)"
+        return f" per GPU ({self.strategy.value} on {counted(self.world_size, 'GPU')}, one rank)"
 
     @model_validator(mode="before")
     @classmethod
@@ -253,6 +255,11 @@ class ParallelSpec(BaseModel):
             raise ValueError(f"--cpu-offload is FSDP2's CPUOffloadPolicy; --strategy "
                              f"{self.strategy.value} does not shard with FSDP2: use --strategy "
                              "fsdp or zero2")
+        if self.cpu_offload and self.strategy in SHARDED and self.shard_ranks == 1:
+            raise ValueError("--cpu-offload over one shard rank is not traced: there FSDP2 "
+                             "skips its all-gather, and the trace cannot yet tell the host's "
+                             "tensors from the GPU's (it found the whole step in host RAM); "
+                             "give 2 or more data-parallel ranks (--gpus, less --tp)")
         mixed = self.param_dtype is not None or self.reduce_dtype is not None
         if mixed and self.strategy in REPLICATED:
             raise ValueError("--param-dtype/--reduce-dtype are FSDP2's mixed-precision policy; "
