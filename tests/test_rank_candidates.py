@@ -9,8 +9,8 @@ from memcalc.distributed.specs import DataParallel, ParallelSpec
 from memcalc.pipeline import estimate
 from memcalc.specs import TrainingSpec
 from memcalc.strategies import ClusterSpec, Strategy
-from memcalc.strategies.rank_candidates import (FAR_OFF, RANK_METHOD, WRAPPERS, Screened,
-                                                closed_forms_found_off)
+from memcalc.strategies.rank_candidates import (CPU_OFFLOADED, FAR_OFF, RANK_METHOD, WRAPPERS,
+                                                Screened, closed_forms_found_off)
 from memcalc.strategies.specs import DEFAULT_RANK_TRACES
 
 MACHINE = {"cpus": 16, "ram_bytes": 256 << 30}
@@ -33,7 +33,7 @@ def test_the_recommendation_and_each_wrappers_best_row_are_traced_ranks(plan):
     assert chosen.method == "traced" or chosen.method.startswith(RANK_METHOD)
     traced = {c.strategy for c in _ranks(plan)}
     # the MLP has no repeated blocks to split into stages: its pipeline row says why
-    assert traced == set(WRAPPERS) - {Strategy.PIPELINE}
+    assert traced == set(WRAPPERS) - {Strategy.PIPELINE} - set(CPU_OFFLOADED)
     assert any(note.startswith("pipeline + mixed-precision on 4 GPUs not traced as a rank")
                and note.endswith("its row is the closed form") for note in plan.assumptions)
     assert 0 < len(_ranks(plan)) <= DEFAULT_RANK_TRACES

@@ -51,6 +51,9 @@ def _script(strategy, label, spec=SPEC, **changes) -> str:
      ["reshard_after_forward=True", "reduce_dtype=torch.float32", "checkpointed(block.forward)"]),
     (Strategy.MIXED_PRECISION_OFFLOAD, "mixed-precision+offload",
      ["torch.autocast(device.type, dtype=torch.bfloat16)", "save_on_cpu("]),
+    (Strategy.FSDP_OFFLOAD, "fsdp-offload + mixed-precision",
+     ["offload_policy=CPUOffloadPolicy() if device.type == 'cuda'", "reshard_after_forward=True",
+      "param_dtype=torch.bfloat16"]),
 ])
 def test_each_layout_and_lever_is_written_out(strategy, label, expected):
     script = _script(strategy, label)
@@ -60,6 +63,8 @@ def test_each_layout_and_lever_is_written_out(strategy, label, expected):
     assert "from tests.fixtures.models import blocks" in script
     # FSDP2's policy casts the parameters: no autocast on top of it
     assert ("torch.autocast" in script) == (strategy is Strategy.MIXED_PRECISION_OFFLOAD)
+    # activations go to host RAM only with that lever, not with FSDP's offloaded states
+    assert ("save_on_cpu(" in script) == (strategy is Strategy.MIXED_PRECISION_OFFLOAD)
 
 
 def test_the_jobs_own_batch_is_kept_where_it_fits():
@@ -76,7 +81,8 @@ def test_a_layout_not_written_says_so():
 @pytest.mark.parametrize("strategy, label", [
     (Strategy.DDP, "ddp"), (Strategy.ZERO1, "zero1"),
     (Strategy.FSDP, "fsdp + mixed-precision+checkpointing"),
-    (Strategy.ZERO2, "zero2")])
+    (Strategy.ZERO2, "zero2"),
+    (Strategy.FSDP_OFFLOAD, "fsdp-offload")])   # on the CPU without its policy (it needs a GPU)
 def test_the_script_trains_on_two_gloo_processes(tmp_path, strategy, label):
     (tmp_path / "train.py").write_text(_script(strategy, label))
     (tmp_path / "run.py").write_text(RUNNER.format(folder=str(tmp_path),

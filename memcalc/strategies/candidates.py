@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from memcalc.device.cuda_overheads import nccl_bytes
 from memcalc.errors import TraceError
 from memcalc.host.workers import host_estimate
-from memcalc.strategies.cost import bandwidth_bytes_per_s
+from memcalc.strategies.cost import HOST_LINK_BYTES_PER_S, bandwidth_bytes_per_s
 from memcalc.strategies.launch import per_process_host
 from memcalc.strategies.lines import UNBOUNDED_BATCH, Derivation, fitted_lines
 from memcalc.strategies.report import Candidate
@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from memcalc.strategies.sharding import ModelStates
     from memcalc.strategies.specs import ClusterSpec
     from memcalc.strategies.variants import TracedVariant, VariantEstimator
-
-HOST_LINK_BYTES_PER_S = 25e9
-"""PCIe 4.0 x16 between GPU and pinned host memory, one direction."""
 
 Sized = tuple[Candidate | None, str | None]
 """A derived strategy's candidate (None: none could be built) and why not, when it says."""
@@ -236,7 +233,7 @@ def scheduled_candidate(rule: DerivedRule, base: TracedVariant, *, gpus: int, da
     communication = (rule.communication_s(states, gpus, bandwidth)
                      + steps * 2 * halo_per_sample * micro / bandwidth
                      + steps * 2 * offloaded_at(device, micro) / HOST_LINK_BYTES_PER_S
-                     + exchange_s)
+                     + exchange_s + (rule.host_s(base, states, gpus) if rule.host_s else 0.0))
     name = rule.name(base.spec) + (f" + context-parallel×{group}" if group > 1 else "")
     label = name if base.rule.as_given else f"{name} + {base.label}"
     return _candidate(strategy=rule.strategy, label=label, gpus=gpus, method=method,

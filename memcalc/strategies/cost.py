@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from memcalc.strategies.specs import INTERCONNECT_GBPS, ClusterSpec, Interconnect
 
+HOST_LINK_BYTES_PER_S = 25e9
+"""PCIe 4.0 x16 between GPU and pinned host memory, one direction."""
+
 
 def bandwidth_bytes_per_s(cluster: ClusterSpec, gpus: int) -> float:
     """Across nodes the slower InfiniBand link sets the pace."""

@@ -30,6 +30,7 @@ from memcalc.strategies.rank_pipeline import (first_microbatch, pipeline_trial, 
                                               traced_pipeline)
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.specs import Strategy
+from memcalc.strategies.state_offload import host_verdict, offload_note
 from memcalc.strategies.variants import planned_spec
 from memcalc.units import format_bytes
 
@@ -44,8 +45,12 @@ if TYPE_CHECKING:
 
 WRAPPERS = {Strategy.DDP: DataParallel.DDP, Strategy.ZERO1: DataParallel.ZERO1,
             Strategy.ZERO2: DataParallel.ZERO2, Strategy.FSDP: DataParallel.FSDP,
-            Strategy.PIPELINE: DataParallel.PIPELINE}
+            Strategy.PIPELINE: DataParallel.PIPELINE, Strategy.FSDP_OFFLOAD: DataParallel.FSDP}
 """The planner's layouts that one rank of the job traces, with the wrapper each runs."""
+CPU_OFFLOADED = (Strategy.FSDP_OFFLOAD,)
+"""Layouts traced with FSDP2's ``CPUOffloadPolicy``: only where one of their rows leads the
+plan (a layout for when nothing faster fits) or is the one asked for (``--strategy``), not as
+every layout's best row is."""
 SHARDED = (DataParallel.ZERO2, DataParallel.FSDP)
 SHARDED_POLICY = {Precision.BF16_MIXED: "bfloat16", Precision.FP16_MIXED: "float16"}
 """FSDP2 ranks of a mixed-precision variant run as torchtitan runs them: FSDP2's
@@ -83,6 +88,7 @@ def rank_spec(screened: Screened, context: PlanContext) -> TrainingSpec | None:
     parallel = ParallelSpec(strategy=wrapper, gpus_per_node=per_node, nodes=gpus // per_node,
                             gradient_as_bucket_view=(cluster.gradient_as_bucket_view
                                                      and wrapper in REPLICATED),
+                            cpu_offload=screened.candidate.strategy in CPU_OFFLOADED,
                             **({"param_dtype": policy, "reduce_dtype": "float32"}
                                if policy else {}))
     rank = spec.with_changes(parallel=parallel,
@@ -104,7 +110,8 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
     failures: list[str] = []
     given = context.cluster.gpus
     fits_given = any(c.fits and c.gpus <= given for c in others)
-    ahead = [_best_of(screened, strategy, context) for strategy in WRAPPERS]
+    ahead = [_best_of(screened, strategy, context) for strategy in WRAPPERS
+             if strategy not in CPU_OFFLOADED or strategy is context.cluster.strategy]
     ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)
              ][:context.cluster.rank_traces]
     context.estimator.prefetch([trial for s in ahead for trial in _first_trials(s, context)])
@@ -249,6 +256,9 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext,
              f"process group: {format_bytes(device.total_bytes)} at batch {local}"
              + parallel.per_gpu()]
     notes += global_batch_note(batching, cluster.global_batch, parallel.dp)
+    if parallel.cpu_offload:     # traced: the shards as FSDP2 pads them
+        notes.append(offload_note(screened.base.spec, screened.states, parallel.world_size,
+                                  device.offloaded_state_bytes))
     peak = (device.total_bytes if batching.micro == local
             else planned_peak_at(plan, max(batching.micro, 1)))
     ring_s = (batching.steps * max(batching.micro, 1) * device.ring_exchange_bytes
@@ -258,9 +268,17 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext,
         notes.append(f"ring attention: {format_bytes(device.ring_exchange_bytes)} of keys, "
                      f"values and their gradients per rank at batch {device.batch_size}, "
                      "timed on the node's links, not overlapped (torch's all-gather rotation)")
-    return scheduled_candidate(
+    candidate = scheduled_candidate(
         screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
         batching=batching, peak=peak,
         context=(cluster, context.gpu, screened.states), method=method, notes=notes,
         job_batch_peak=planned_peak_at(plan, context.job_batch), group=parallel.cp,
         exchange_s=ring_s)
+    host = screened.base.report.host
+    verdict = (host_verdict(host, device.offloaded_state_bytes, parallel.gpus_per_node)
+               if parallel.cpu_offload and host is not None else None)
+    if verdict is None:
+        return candidate
+    fits, note = verdict
+    return candidate.model_copy(update={"fits": candidate.fits and fits,
+                                        "notes": candidate.notes + [note]})

@@ -15,9 +15,11 @@ TIE_SHARE = 0.01
 """Throughputs on the same rung of a 1 % geometric ladder are a tie (the step-time model is
 not finer than that): the simpler strategy goes first."""
 LAYOUT_STEPS = {Strategy.DDP: 1, Strategy.ZERO1: 2, Strategy.ZERO2: 3, Strategy.FSDP: 4,
-                Strategy.DATA_PARALLEL: 5, Strategy.PIPELINE: 5, Strategy.SPATIAL: 6}
+                Strategy.FSDP_OFFLOAD: 4, Strategy.DATA_PARALLEL: 5, Strategy.PIPELINE: 5,
+                Strategy.SPATIAL: 6}
 """How far a layout is from one GPU's plain step (DDP the plainest; ZeRO and FSDP shard
-more; legacy DataParallel, pipelines and spatial splits ask most of the training script)."""
+more, and FSDP's CPU offload one more through its "offload" lever; legacy DataParallel,
+pipelines and spatial splits ask most of the training script)."""
 LEVERS = ("mixed-precision", "checkpointing", "offload", "compile", "accumulation",
           "context-parallel")
 

@@ -29,6 +29,7 @@ from memcalc.strategies.sharding import (
     sharded_state_bytes,
 )
 from memcalc.strategies.spatial_search import search_spatial
+from memcalc.strategies.state_offload import host_side_s, offloaded_lines, sized_within_host
 from memcalc.strategies.specs import Strategy
 
 if TYPE_CHECKING:
@@ -103,6 +104,10 @@ class DerivedRule:
     built, by tracing (it may skip bases that cannot change the plan)."""
     more_gpus_fit: bool = True
     """False where every GPU keeps the whole states: more GPUs never make it fit."""
+    host_s: Callable[[TracedVariant, ModelStates, int], float] | None = None
+    """Seconds per optimizer step on the host's side of the GPU (base, unsharded states,
+    GPUs): copies across PCIe and an optimizer step on the CPU, timed with the
+    communication; None: none."""
     compute_s: Callable[[float, int, int], float] = _no_bubble
     """Step compute from one GPU's busy seconds, accumulation steps and GPUs."""
     micro_batches_in_flight: Callable[[int], int] = _one_in_flight
@@ -296,6 +301,8 @@ register(DerivedRule(Strategy.DATA_PARALLEL, _data_parallel, _gradient_all_reduc
 register(DerivedRule(Strategy.ZERO1, _sharded(1), _gradient_all_reduce, more_gpus_fit=False))
 register(DerivedRule(Strategy.ZERO2, _sharded(2), _gradient_all_reduce))
 register(DerivedRule(Strategy.FSDP, _sharded(3), _fsdp_collectives))
+register(DerivedRule(Strategy.FSDP_OFFLOAD, offloaded_lines, _fsdp_collectives,
+                     size=sized_within_host, host_s=host_side_s))
 register(DerivedRule(Strategy.PIPELINE, _pipeline, _stage_activations,
                      compute_s=_pipeline_bubble, micro_batches_in_flight=_two_per_stage))
 register(DerivedRule(Strategy.SPATIAL, _spatial, _gradient_all_reduce, search=search_spatial,

@@ -47,6 +47,7 @@ class Strategy(str, Enum):
     ZERO1 = "zero1"
     ZERO2 = "zero2"
     FSDP = "fsdp"
+    FSDP_OFFLOAD = "fsdp-offload"
     PIPELINE = "pipeline"
     SPATIAL = "spatial"
 

@@ -27,9 +27,14 @@ _WRAPPERS: dict[Strategy, str] = {
         "    shard_blocks(model, reshard_after_forward=False)   # ZeRO-2: gradients sharded\n"),
     Strategy.FSDP: (
         "    shard_blocks(model, reshard_after_forward=True)    # FSDP2: parameters sharded\n"),
+    Strategy.FSDP_OFFLOAD: (
+        "    shard_blocks(model, reshard_after_forward=True,    # FSDP2, states in host RAM\n"
+        "                 offload_policy=CPUOffloadPolicy() if device.type == 'cuda' else None)\n"),
 }
 """How each data-parallel layout wraps the model (one GPU: not at all)."""
 
+_FSDP2 = (Strategy.FSDP, Strategy.ZERO2, Strategy.FSDP_OFFLOAD)
+"""The layouts written with ``fully_shard``."""
 _NOT_WRITTEN = {Strategy.PIPELINE: "torch.distributed.pipelining (stages, a schedule)",
                 Strategy.SPATIAL: "a spatial split of each sample with halo exchanges",
                 Strategy.DATA_PARALLEL: "torch.nn.DataParallel in one process"}
@@ -56,7 +61,7 @@ def levers_of(candidate: Candidate, spec: TrainingSpec, half_dtype: str) -> Leve
     half = ("float16" if spec.precision.value.startswith("fp16") else half_dtype) if mixed else None
     return Levers(half=half,
                   checkpointing="checkpointing" in label or spec.activation_checkpointing is not None,
-                  offload="offload" in label or spec.offload_activations,
+                  offload="+offload" in label or spec.offload_activations,   # not fsdp-offload
                   compile="compile" in label or spec.compile)
 
 
@@ -73,7 +78,7 @@ def train_script(candidate: Candidate, spec: TrainingSpec, torchrun: str, half_d
     missing = _NOT_WRITTEN.get(candidate.strategy)
     if candidate.context_parallel > 1:
         missing = _CONTEXT_PARALLEL_NOT_WRITTEN
-    fsdp = candidate.strategy in (Strategy.FSDP, Strategy.ZERO2)
+    fsdp = candidate.strategy in _FSDP2
     header = (f'"""Training skeleton for the plan: {candidate.label} on {candidate.gpus} '
               f'GPU(s), batch {micro} per GPU x {steps} accumulation step(s).\n\n'
               f"Launch: {torchrun}\n"
@@ -104,7 +109,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 """
-_FSDP_IMPORTS = "from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard\n"
+_FSDP_IMPORTS = ("from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, "
+                 "fully_shard\n")
 _ZERO1_IMPORTS = "from torch.distributed.optim import ZeroRedundancyOptimizer\n"
 
 _CHECKPOINTED = '''
@@ -159,12 +165,16 @@ def repeated_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
                   % levers.half if levers.half else "MixedPrecisionPolicy()")
         code += f'''
 
-def shard_blocks(model: torch.nn.Module, reshard_after_forward: bool) -> None:
+def shard_blocks(model: torch.nn.Module, reshard_after_forward: bool,
+                 offload_policy=None) -> None:
     """fully_shard per repeated block, then the root (torchtitan's order)."""
     policy = {policy}
+    offload = {{"offload_policy": offload_policy}} if offload_policy is not None else {{}}
     for block in repeated_blocks(model):
-        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                    **offload)
+    fully_shard(model, mp_policy=policy, reshard_after_forward=reshard_after_forward,
+                **offload)
 '''
     return code
 
