@@ -28,7 +28,7 @@ from memcalc.strategies.state_offload import CPU_STEP_BYTES_PER_S
 RESULTS = Path(__file__).with_name("results-cpu-optimizer.md")
 SHAPES = [(2048, 2048)] * 4 + [(5504, 2048)] * 3          # one LLaMA block of 2048 wide
 BLOCKS = 2
-WARM, TIMED = 2, 5
+WARM, TIMED = 3, 10
 IMPLEMENTATIONS = {"for-loop": {"foreach": False}, "foreach": {"foreach": True},
                    "fused": {"fused": True}}
 OPTIMIZERS = {

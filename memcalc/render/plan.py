@@ -31,8 +31,8 @@ ABBREVIATIONS = {
     "zero1": ("Z1", "ZeRO stage 1 (optimizer state sharded)"),
     "zero2": ("Z2", "ZeRO stage 2 (+ gradients sharded)"),
     "fsdp": ("FSDP", "fully sharded data parallel"),
-    "fsdp-offload": ("FSDP-off", "FSDP2 with CPU offload (states in host RAM, the optimizer "
-                                 "step on the CPU)"),
+    "fsdp-offload": ("FSDPo", "FSDP2 with CPU offload (states in host RAM, the optimizer "
+                              "step on the CPU)"),
     "pipeline": ("PP", "pipeline parallel"),
     "context-parallel": ("CP", "context parallel (×n: each sample's sequence split over a "
                                "group of n GPUs, ring attention; its batch is per group)"),

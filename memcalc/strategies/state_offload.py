@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from memcalc.host.workers import host_estimate
-from memcalc.strategies.candidates import fewest_fitting_gpus
+from memcalc.strategies.candidates import fewest_fitting_gpus, offloaded_at
 from memcalc.specs import OptimizerImpl
 from memcalc.strategies.cost import HOST_LINK_BYTES_PER_S
 from memcalc.strategies.launch import per_process_host
@@ -40,13 +40,14 @@ if TYPE_CHECKING:
     from memcalc.strategies.variants import TracedVariant
 
 CPU_STEP_BYTES_PER_S = {
-    ("adamw", "for-loop"): 3.7e9, ("adamw", "foreach"): 4.1e9, ("adamw", "fused"): 27.7e9,
-    ("sgd-momentum", "for-loop"): 16.6e9, ("sgd-momentum", "foreach"): 16.6e9,
-    ("sgd-momentum", "fused"): 16.6e9,
+    ("adamw", "for-loop"): 3.0e9, ("adamw", "foreach"): 3.5e9, ("adamw", "fused"): 22.1e9,
+    ("sgd-momentum", "for-loop"): 12.9e9, ("sgd-momentum", "foreach"): 12.1e9,
+    ("sgd-momentum", "fused"): 21.9e9,
 }
 """Bytes of parameters, gradients and optimizer state one CPU thread steps per second, by
 optimizer and torch implementation: measured here on fp32 LLaMA-block shards (``python -m
-benchmarks.cpu_optimizer``, benchmarks/results-cpu-optimizer.md)."""
+benchmarks.cpu_optimizer``, benchmarks/results-cpu-optimizer.md: two idle runs of ten steps
+each on a 2-core x86_64 VM, their mean; a training node's cores may be faster)."""
 CPU_IMPLEMENTATION = {OptimizerImpl.DEFAULT: "for-loop", OptimizerImpl.FOR_LOOP: "for-loop",
                       OptimizerImpl.FOREACH: "foreach", OptimizerImpl.FUSED: "fused"}
 """What runs on CPU tensors: torch's default there is the single-tensor loop (foreach is the
@@ -116,6 +117,10 @@ def sized_within_host(rule: DerivedRule, base: TracedVariant, states: ModelState
     host = base.report.host
     if candidate is None or host is None:
         return candidate, failure
+    # a base that offloads activations too: theirs at the row's micro-batch beside the states
+    activations = offloaded_at(base.report.device, max(candidate.max_batch_size, 1))
+    host = host.model_copy(update={"spec": host.spec.model_copy(
+        update={"offloaded_activation_bytes": activations})})
     verdict = host_verdict(host, shard_bytes(states, candidate.gpus),
                            context.cluster.gpus_per_node_for(candidate.gpus))
     if verdict is None:
