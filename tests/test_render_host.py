@@ -44,3 +44,20 @@ def test_the_verify_line_names_the_plans_peak_where_its_own_prediction_differs()
             "model, the step and CUDA)") in line
     same = verify_line(_verify(512 * MIB), headline_bytes=512 * MIB)
     assert "vs 512.00 MiB predicted (" in same and "as run here" not in same
+
+
+def test_a_share_of_the_node_says_whose_limit_and_request_it_is():
+    from rich.console import Console
+
+    from memcalc.render.host import host_renderable
+
+    def shown(machine: MachineSpec) -> str:
+        spec = HostSpec(sample_shape=(3, 64, 64), batch_size=2, machine=machine)
+        console = Console(width=200, record=True)
+        console.print(host_renderable(host_estimate(spec), details=False))
+        return console.export_text()
+
+    node = MachineSpec(cpus=32, ram_bytes=256 << 30)
+    share = shown(node.shared_by(8))
+    assert "limit 32.00 GiB (1/8 of the node" in share and "8 × the CPUs" in share
+    assert "of the node" not in shown(node)

@@ -22,6 +22,13 @@ def _share(machine: MachineSpec) -> str:
             "workers)" if processes > 1 else "")
 
 
+def _per_process(machine: MachineSpec) -> str:
+    """SLURM's request is one training process's: say how it adds up on the node."""
+    processes = machine.node_processes
+    return (f" (one GPU process's: {processes} per node, one torchrun task per node asks "
+            f"{processes} × the CPUs)" if processes > 1 else "")
+
+
 def host_renderable(host: HostReport, details: bool = True) -> Group:
     """Host RAM: the worker counts that fit, SLURM lines, a measured fix and warnings; with
     ``details`` also the arithmetic term by term and the assumptions."""
@@ -47,7 +54,7 @@ def host_renderable(host: HostReport, details: bool = True) -> Group:
         f"pin_memory={host.recommended_pin_memory}, "
         f"prefetch_factor={host.recommended_prefetch_factor}, "
         f"persistent_workers={host.recommended_persistent_workers}\n"
-        + "  ".join(host.sbatch)
+        + "  ".join(host.sbatch) + _per_process(spec.machine)
     )
     parts = [Panel(head, title="memcalc host", expand=False)]
     if details:
