@@ -116,6 +116,7 @@ def test_a_check_that_does_not_fit_tells_its_verdict_after_one_trace(monkeypatch
     assert largest and traced.count(largest) == 1   # the job's search, once
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_check_raises_with_numbers_and_the_fixes_that_fit():
     with pytest.raises(MemoryBudgetError) as caught:
         memcalc.check("resnet3d", (3, 128, 128, 128), batch_size=8, gpu="T4", machine=MACHINE,

@@ -93,6 +93,7 @@ def test_no_module_imports_a_layer_above_its_own(module):
     assert not upward, f"{module} (layer {own}) imports upward: {upward}"
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_every_module_imports_alone():
     """A cycle shows up as an ImportError when its modules are imported in some order: each
     module is imported first into an interpreter holding no memcalc module."""

@@ -37,6 +37,7 @@ def test_collection_off_or_rarer_already_is_left_alone(thresholds, callers):
         assert gc.get_threshold() == callers
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_an_estimate_runs_fewer_full_collections_and_as_many_young_ones(monkeypatch,
                                                                      thresholds):
     from contextlib import nullcontext

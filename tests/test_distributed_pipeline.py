@@ -204,7 +204,7 @@ def _every_stage_traced(parallel: ParallelSpec, args: dict, checkpointing: str |
     return kept, peaks
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("schedule", ["gpipe", pytest.param("1f1b", marks=pytest.mark.slow)])
 def test_a_middle_stage_like_the_one_before_is_not_traced_and_holds_no_more(schedule):
     """Four stages of one block each: stage 2 is made like stage 1, holds as many (GPipe) or
     one fewer (1F1B) microbatches in flight, so only stages 0, 1 and 3 are traced. Every

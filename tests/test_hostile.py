@@ -260,6 +260,7 @@ def test_the_slurm_script_never_asks_more_cpus_than_the_node_has():
     assert "# DOES NOT FIT: 8 processes need" in result.stdout
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_plan_emit_says_why_when_nothing_fits():
     result = memcalc("plan", "--model", "resnet3d", "--shape", "834,224,834,3", "--gpu", "T4",
                      "--max-gpus", "1", "--emit", "slurm")

@@ -33,6 +33,7 @@ def runs_to_their_timeout(tmp_path_factory):
                 timeout_s=10, machine=MACHINE))}
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_isolated_estimate_equals_the_in_process_one():
     options = dict(batch_size=4, device="cpu", model_args={"in_features": 16, "hidden": 32},
                    machine=MACHINE)

@@ -95,6 +95,7 @@ def _ratios(models: set[str] | None = None) -> list[float]:
     return ratios
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_host_paced_and_gpu_paced_steps_against_the_h100():
     # ResNet-50 bf16 at batch 16 is paced by the host, GPT-2 fp32 by its fp32 matmuls
     ratios = _ratios({"resnet50", "gpt2"})

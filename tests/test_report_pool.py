@@ -56,6 +56,7 @@ def worker_pids():
             if "spawn_main" in command(child)}
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_a_plan_made_with_workers_is_the_serial_plan():
     spec = capacity_for(TINY, 0.3)       # spatial slabs are searched too
     cluster = ClusterSpec(rank_traces=2)     # ranks are made ahead too, two of them here

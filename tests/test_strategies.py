@@ -113,6 +113,7 @@ def test_the_seed_volume_on_one_gpu_only_gets_a_crop_that_fits():
     assert estimate(leanest).device.total_bytes <= plan.usable_bytes
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_data_parallel_on_the_gpus_given_with_accumulation_to_the_global_batch():
     spec = TrainingSpec(model="mlp", model_args=dict(in_features=1024, hidden=4096, depth=4),
                         sample_shape=(1024,), gpu="T4", machine=MACHINE)

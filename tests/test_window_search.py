@@ -45,6 +45,7 @@ def test_the_window_count_is_monais(volume, roi, overlap):
     assert windows_per_volume(spec, volume) == monai
 
 
+@pytest.mark.slow   # end to end, seconds of CPU: with the slow checks
 def test_the_largest_window_batch_fits_and_the_next_one_up_does_not():
     net = "tests.fixtures.ecosystem_models:voxel_mlp"
     args = dict(batch_size=1, phase="eval", loss="sum", gpu_memory_bytes=int(1.1 * (1 << 30)),
