@@ -30,7 +30,7 @@ from memcalc.strategies.rank_pipeline import (first_microbatch, pipeline_trial, 
                                               traced_pipeline)
 from memcalc.strategies.ranking import rank_key
 from memcalc.strategies.specs import Strategy
-from memcalc.strategies.state_offload import host_verdict, offload_note
+from memcalc.strategies.state_offload import host_verdict, judged, offload_note
 from memcalc.strategies.variants import planned_spec
 from memcalc.units import format_bytes
 
@@ -275,10 +275,6 @@ def rank_candidate(screened: Screened, report: Report, context: PlanContext,
         job_batch_peak=planned_peak_at(plan, context.job_batch), group=parallel.cp,
         exchange_s=ring_s)
     host = screened.base.report.host
-    verdict = (host_verdict(host, device.offloaded_state_bytes, parallel.gpus_per_node)
-               if parallel.cpu_offload and host is not None else None)
-    if verdict is None:
-        return candidate
-    fits, note = verdict
-    return candidate.model_copy(update={"fits": candidate.fits and fits,
-                                        "notes": candidate.notes + [note]})
+    return judged(candidate, host_verdict(host, device.offloaded_state_bytes,
+                                          parallel.gpus_per_node)
+                  if parallel.cpu_offload and host is not None else None)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from memcalc.specs import TrainingSpec
     from memcalc.strategies.candidates import PlanContext, Sized
     from memcalc.strategies.lines import Derivation
+    from memcalc.strategies.report import Candidate
     from memcalc.strategies.rules import DerivedRule
     from memcalc.strategies.sharding import ModelStates
     from memcalc.strategies.variants import TracedVariant
@@ -121,13 +122,19 @@ def sized_within_host(rule: DerivedRule, base: TracedVariant, states: ModelState
     activations = offloaded_at(base.report.device, max(candidate.max_batch_size, 1))
     host = host.model_copy(update={"spec": host.spec.model_copy(
         update={"offloaded_activation_bytes": activations})})
-    verdict = host_verdict(host, shard_bytes(states, candidate.gpus),
-                           context.cluster.gpus_per_node_for(candidate.gpus))
+    return judged(candidate, host_verdict(host, shard_bytes(states, candidate.gpus),
+                                          context.cluster.gpus_per_node_for(candidate.gpus))
+                  ), failure
+
+
+def judged(candidate: Candidate, verdict: tuple[bool, str] | None) -> Candidate:
+    """``candidate`` with a host verdict applied: its note added, and not fitting where the
+    node's RAM does not hold it; as it was without a verdict."""
     if verdict is None:
-        return candidate, failure
+        return candidate
     fits, note = verdict
     return candidate.model_copy(update={"fits": candidate.fits and fits,
-                                        "notes": candidate.notes + [note]}), failure
+                                        "notes": candidate.notes + [note]})
 
 
 def host_verdict(host: HostReport, offloaded_bytes: int, processes: int
