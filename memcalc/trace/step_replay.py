@@ -13,11 +13,17 @@ same events in the same order, the same op names and bounded-op uses.
 
 A recording is kept only when it is closed, checked as it is made: inside a step only storages
 made by the steps are freed and nothing is made outside the step's own stamp; the state the
-steps leave is ended by ``finish`` (``optimizer.state.clear()``, which a replay mirrors) and
-every storage the steps made is freed by then; nothing else the trace reports (CUDA kernels
-left unmodelled, attention backends, cuDNN calls) changes in a step. A later step whose
+steps leave is ended by ``finish`` (``optimizer.state.clear()``, on a ZeRO-1 rank its inner
+optimizer's, which a replay mirrors) and every storage the steps made is freed by then;
+nothing else the trace reports (CUDA kernels left unmodelled, attention backends, cuDNN calls)
+changes in a step. A later step whose
 parameters or gradients differ from the recording's raises ``ReplayMismatch``: the tracer then
 traces again with the steps run.
+
+A rank of a distributed job (``memcalc.distributed``) replays only a recording of the same
+layout and rank (the tracer's ``context``; a DTensor's placements are in its signature); an
+FSDP2 rank with CPU offload always runs its steps (its host-held states are counted as the step
+runs them).
 
 Known limitations: recordings live for the process (the latest ``MAX_RECORDINGS``); a step is
 matched on what it reads, not on its code, so an optimizer patched between traces in one
@@ -104,7 +110,7 @@ def step_signature(optimizer: torch.optim.Optimizer, context: str = "") -> str:
         kept.append(storage)
         shared = storages.setdefault(id(storage), len(storages))
         return (tuple(value.shape), value.stride(), value.storage_offset(), str(value.dtype),
-                str(value.device), shared)
+                str(value.device), shared, repr(getattr(value, "placements", None)))
 
     groups = [(sorted((key, repr(option)) for key, option in group.items() if key != "params"),
                [(tensor(param), param.requires_grad, tensor(param.grad))
@@ -135,11 +141,13 @@ class OptimizerSteps:
     """A trace's optimizer steps: call it where the iteration steps the optimizer, then
     ``finish`` after the last iteration. Replays a recording when one matches the first step
     (unless ``replay`` is False), else runs the steps and records them. ``context``: what else
-    the steps depend on (the tracer's setup)."""
+    the steps depend on (the tracer's setup). ``holder``: the optimizer whose ``state`` the
+    steps fill (ZeRO-1's inner one, which steps the rank's shard); default ``optimizer``."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, trace: TraceSide, context: str = "",
-                 replay: bool = True) -> None:
+                 replay: bool = True, holder: torch.optim.Optimizer | None = None) -> None:
         self._optimizer, self._trace, self._ledger = optimizer, trace, trace.ledger
+        self._state = (holder or optimizer).state
         self._context, self._replay_allowed = context, replay
         self._replaying: Recording | None = None
         self._steps: list[RecordedStep | None] = []
@@ -150,7 +158,7 @@ class OptimizerSteps:
     def __call__(self) -> None:
         signature = step_signature(self._optimizer, self._context)
         if not self._steps:
-            fresh = not self._optimizer.state
+            fresh = not self._state
             self._key = signature if fresh else None
             self._replaying = (_RECORDINGS.get(signature) if fresh and self._replay_allowed
                                else None)
@@ -226,7 +234,7 @@ class OptimizerSteps:
                 self._ledger.free(self._replayed.pop(which))
             return
         first_event = len(self._ledger.events)
-        self._optimizer.state.clear()
+        self._state.clear()
         finish = [self._made.get(event.record_id) for event in self._ledger.events[first_event:]]
         if (self._key is None or None in self._steps or None in finish
                 or any(not self._ledger.records[record_id].freed for record_id in self._made)):

@@ -211,8 +211,8 @@ def trace_training_step(setup: StepSetup, replay: bool = True) -> TraceResult:
 def _traced_or_again(setup: StepSetup, replay: bool) -> TraceResult:
     """The trace, again with the optimizer steps run where their replay did not match, or
     without sequence parallelism where the model's forward refused it."""
-    if setup.parallel is not None:   # DTensor states: the optimizer step is always run
-        replay = False
+    if setup.parallel is not None and setup.parallel.cpu_offload:
+        replay = False      # the host-held states are counted by the step run, not replayed
     parallel = setup.parallel
     dropped = sequence_parallel_failure(setup.build_meta_model)
     if dropped is None:
@@ -255,7 +255,7 @@ def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
         with (DeferredInterrupts() as interrupts, quiet_fake_tensor_logger(),
               numpy_buffer_limit() as refused_numpy,
               rank_of(setup.parallel, rank) as mesh, fake_cpu_mode()):
-            return _trace(setup, meta_model, replay, mesh, interrupts.check)
+            return _trace(setup, meta_model, replay, mesh, rank, interrupts.check)
     except (MemcalcError, ReplayMismatch):
         raise
     except RealAllocationError as error:
@@ -281,7 +281,7 @@ def _traced_rank(setup: StepSetup, replay: bool, rank: int) -> TraceResult:
                          f"{at_user_frame(error)}") from error
 
 
-def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
+def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh, rank: int,
            safe_point: Callable[[], None]) -> TraceResult:
     ledger, cursor, streams = MemoryLedger(), Cursor(safe_point), StreamNumbers()
 
@@ -361,7 +361,7 @@ def _trace(setup: StepSetup, meta_model: nn.Module, replay: bool, mesh,
                                       dict(kernels.target.attention_backends)),
                          workspaces and workspaces.calls),
                 bounded.forget_values, lambda: observer.counter and observer.counter.kernels),
-                repr(_step_context(setup)), replay)
+                repr(_step_context(setup, rank)), replay, local_optimizer(optimizer))
             iteration = (TrainingIteration(setup.body, job_model, batch, optimizer, observer,
                                            steps) if stages is None else
                          stages.iteration(setup, job_model, batch, optimizer, observer, steps))
@@ -395,9 +395,11 @@ def _note_rule(watcher: StorageWatcher, sized: dict[int, SizeRule], tensor: torc
         sized[record.record_id] = rule
 
 
-def _step_context(setup: StepSetup) -> tuple:
-    """What of the setup an optimizer step's recording also depends on."""
-    return (setup.iterations, setup.keep_zeroed_grads, setup.cuda_kernels, setup.cuda_capability)
+def _step_context(setup: StepSetup, rank: int) -> tuple:
+    """What of the setup an optimizer step's recording also depends on: with a layout, the
+    layout and the rank (which shard of each state the rank steps, which stage's)."""
+    return (setup.iterations, setup.keep_zeroed_grads, setup.cuda_kernels, setup.cuda_capability,
+            setup.parallel and setup.parallel.model_dump_json(), rank)
 
 
 def _iterations(setup: StepSetup, iteration: TrainingIteration, cursor: Cursor,
