@@ -136,15 +136,21 @@ def test_a_zero2_rank_at_batch_1_is_on_the_line():
     """FSDP2 as ZeRO-2 makes one gradient by ``empty_strided`` in a rank's first trace only
     (DTensor's caches are cold there; later traces of the same rank keep them), the same
     storages as the others: the line through batches 1 (traced first) and 8 is the rank
-    traced at batch 5, figure for figure."""
+    traced at batch 5, figure for figure. Each trace runs its optimizer steps (a replay of
+    the first trace's would carry its op names to the others)."""
     from memcalc.trace._torch_internals import _forget_dtensor_shardings
+    from memcalc.trace.step_replay import forget_recordings
+
+    def traced(batch):
+        forget_recordings()
+        return prepared._trace(batch, real=True)
 
     spec = training_spec("llama_7b", (256,), gpu="H100-80GB",
                          parallel={"strategy": "zero2", "gpus_per_node": 8},
                          model_args={"dim": 64, "depth": 2, "heads": 4, "hidden": 172})
     prepared = _prepare(spec, None)
     _forget_dtensor_shardings()
-    traces = {batch: prepared._trace(batch, real=True) for batch in (1, 8, 5)}
+    traces = {batch: traced(batch) for batch in (1, 8, 5)}
     assert traces[1].op_names != traces[8].op_names      # the case this test is about
     line = affine_trace(1, traces[1], 8, traces[8])
     assert line is not None and line.matches(5, traces[5])

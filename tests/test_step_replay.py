@@ -192,6 +192,7 @@ def test_recordings_are_few_and_only_of_steps_from_an_empty_state(steps_run):
     assert recordings() == MAX_RECORDINGS
 
 
+@pytest.mark.slow      # 4 rank traces
 def test_a_ranks_recording_is_not_replayed_on_another_layout(steps_run):
     """The same model sharded over 4 ranks, then over 2: its step steps other shards (and
     ZeRO-1's over 2 ranks another partition), so it is run, not replayed."""
