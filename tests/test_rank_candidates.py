@@ -85,7 +85,8 @@ def test_a_pipeline_row_is_traced_at_the_microbatch_that_fits():
     spec = TrainingSpec(model="llama_7b", sample_shape=(256,), gpu="T4", machine=MACHINE,
                         model_args=dict(dim=256, depth=8, heads=4, vocab=1000, hidden=1024),
                         gpu_memory_bytes=(1 << 30) + NCCL_COMMUNICATOR_BYTES, batch_size=4)
-    plan = plan_spec(spec, ClusterSpec(gpus_per_node=4))
+    # asked for: traced whether or not a traced row outpaces it
+    plan = plan_spec(spec, ClusterSpec(gpus_per_node=4, strategy=Strategy.PIPELINE))
     pipeline = next(c for c in _ranks(plan) if c.strategy is Strategy.PIPELINE)
     micro = pipeline.max_batch_size
     assert micro >= 1 and pipeline.per_gpu_peak_bytes <= plan.usable_bytes
@@ -170,3 +171,25 @@ def test_a_layouts_closed_form_rows_are_never_shown_above_its_traced_ones():
     # the pipeline rows left derived are flagged: its closed form was found that far off
     assert any(a.startswith("pipeline's closed form was optimistic here") for a in
                plan.assumptions)
+
+@pytest.mark.slow
+def test_a_pipeline_no_trace_could_make_lead_is_left_to_its_closed_form():
+    """8 LLaMA blocks on 4 T4s: data-parallel ranks fit, and the pipeline's bubble keeps it
+    below them whatever microbatch its rank would fit, so it is not traced; asked for, it is
+    traced, and its row stays under the ceiling the plan gave and below the leader."""
+    import re
+
+    spec = TrainingSpec(model="llama_7b", sample_shape=(256,), gpu="T4", machine=MACHINE,
+                        model_args=dict(dim=256, depth=8, heads=4, vocab=1000, hidden=1024),
+                        batch_size=4)
+    plan = plan_spec(spec, ClusterSpec(gpus_per_node=4))
+    assert not any(c.strategy is Strategy.PIPELINE for c in _ranks(plan))
+    note = next(a for a in plan.assumptions if "with its schedule's bubble it reaches" in a)
+    found = re.search(r"at most ([\d.e+]+) samples/s, below the traced (.+) \(([\d.e+]+) samples/s",
+                      note)
+    ceiling, leader_label = float(found[1]), found[2]
+    leader = next(c for c in plan.candidates if c.label == leader_label and c.gpus == 4)
+    assert leader.fits and leader.method.startswith("traced") and leader.samples_per_s > ceiling
+    forced = plan_spec(spec, ClusterSpec(gpus_per_node=4, strategy=Strategy.PIPELINE))
+    traced = [c for c in _ranks(forced) if c.strategy is Strategy.PIPELINE]
+    assert traced and all(c.samples_per_s <= ceiling * 1.005 for c in traced)

@@ -107,10 +107,12 @@ def plan_assumptions(cluster: ClusterSpec, model: nn.Module,
         "screened in closed form on each of them (their traced forward/backward and "
         "optimizer-step lines, sharded states taken out, the allocator's reserve ratio kept: "
         "how 'derive')" + (
-            "; then the best row of DDP, ZeRO-1, ZeRO-2, FSDP and pipeline, and the leading "
-            f"row until it is traced (at most {cluster.rank_traces}), are traced as one rank of "
-            "the job with the real wrappers in a fake process group, each with its own batch "
-            "plan (how 'rank'); the other rows keep their closed form" if cluster.rank_traces
+            "; then the best row of DDP, ZeRO-1, ZeRO-2, FSDP and pipeline (a pipeline's only "
+            "where no traced row outpaces what its schedule's bubble lets it reach), and the "
+            f"leading row until it is traced (at most {cluster.rank_traces}), are traced as one "
+            "rank of the job with the real wrappers in a fake process group, each with its own "
+            "batch plan (how 'rank'); the other rows keep their closed form"
+            if cluster.rank_traces
             else "; none traced as a rank (--rank-traces 0): every distributed row is a "
                  "closed form"),
         f"checkpointing wraps {len(blocks)} repeated blocks"

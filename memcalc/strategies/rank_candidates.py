@@ -6,9 +6,10 @@ its ``ParallelSpec`` (``memcalc.distributed``: a fake process group of the job's
 the real DDP / ZeroRedundancyOptimizer / FSDP2 / pipelining wrappers) and its own batch plan.
 What each traces replaces its closed-form row. Traced are: the best row of every layout that
 has a wrapper (where that rank does not fit, the layout's next row that fits by its closed
-form, in its turn), then the best row overall until it is a traced one, so the recommendation
-rests on a traced rank, then closed-form rows shown above a traced row of their own layout
-(``ClusterSpec.rank_traces`` in all).
+form, in its turn; a pipeline's only where no traced row that fits outpaces the most its
+schedule lets it reach, ``rank_pipeline.pipeline_ceiling``), then the best row overall until
+it is a traced one, so the recommendation rests on a traced rank, then closed-form rows shown
+above a traced row of their own layout (``ClusterSpec.rank_traces`` in all).
 
 Known limitations: rows not among those keep their closed form and say so in their method;
 ``nn.DataParallel`` (one process, no rank to trace) and spatial splits (traced on a slab)
@@ -26,9 +27,9 @@ from memcalc.specs import Precision
 from memcalc.strategies.candidates import (accumulation, global_batch_note, planned_peak_at,
                                            rank_report, scheduled_candidate)
 from memcalc.strategies.cost import bandwidth_bytes_per_s
-from memcalc.strategies.rank_pipeline import (first_microbatch, pipeline_trial, pipeline_trials,
-                                              traced_pipeline)
-from memcalc.strategies.ranking import rank_key
+from memcalc.strategies.rank_pipeline import (first_microbatch, pipeline_ceiling, pipeline_trial,
+                                              pipeline_trials, traced_pipeline)
+from memcalc.strategies.ranking import rank_key, standing_in_the_way
 from memcalc.strategies.specs import Strategy
 from memcalc.strategies.state_offload import host_verdict, judged, offload_note
 from memcalc.strategies.variants import planned_spec
@@ -107,6 +108,7 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
         return [s.candidate for s in screened], []
     rows = {id(s): s.candidate for s in screened}
     tried: set[int] = set()
+    outpaced: set[int] = set()          # tried, but not worth a trace: no slot taken
     failures: list[str] = []
     given = context.cluster.gpus
     fits_given = any(c.fits and c.gpus <= given for c in others)
@@ -114,8 +116,10 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
              if strategy not in CPU_OFFLOADED or strategy is context.cluster.strategy]
     ahead = [s for s in ahead if s is not None and _worth_a_rank(s, given, fits_given)
              ][:context.cluster.rank_traces]
-    context.estimator.prefetch([trial for s in ahead for trial in _first_trials(s, context)])
-    while len(tried) < context.cluster.rank_traces:
+    # a pipeline is asked for once the layouts before it are traced: it may not be worth one
+    context.estimator.prefetch([trial for s in ahead if not _deferred(s, context)
+                                for trial in _first_trials(s, context)])
+    while len(tried - outpaced) < context.cluster.rank_traces:
         waiting = [s for s in ahead if id(s) not in tried]
         if not waiting:
             leader = min(others + list(rows.values()), key=lambda c: rank_key(c, context.cluster))
@@ -126,6 +130,13 @@ def trace_ranks(screened: list[Screened], others: list[Candidate], context: Plan
             break
         chosen = waiting[0]
         tried.add(id(chosen))
+        if any(s is chosen for s in ahead) and _deferred(chosen, context):
+            failure = _outpaced(chosen, others + list(rows.values()), context)
+            if failure:
+                failures.append(failure)
+                outpaced.add(id(chosen))
+                continue
+            context.estimator.prefetch(_first_trials(chosen, context))
         traced, failure = _traced(chosen, context)
         if traced is not None:
             rows[id(chosen)] = traced
@@ -193,6 +204,34 @@ def _first_trials(screened: Screened, context: PlanContext) -> list[TrainingSpec
     if spec is None or spec.parallel.pp == 1:
         return [spec]
     return pipeline_trials(spec, screened, context.job_batch, context.cluster.global_batch)
+
+
+def _deferred(screened: Screened, context: PlanContext) -> bool:
+    """A pipeline's best row, its layout not asked for (``--strategy``): traced only where no
+    traced row that fits outpaces it (``_outpaced``), so asked for after the layouts ahead of
+    it. (Traced all the same where it leads the plan, or is shown above a traced row of its
+    layout.)"""
+    return (screened.candidate.strategy is Strategy.PIPELINE
+            and context.cluster.strategy is not Strategy.PIPELINE)
+
+
+def _outpaced(screened: Screened, candidates: list[Candidate], context: PlanContext
+              ) -> str | None:
+    """Why ``screened``'s pipeline is not traced as a rank: a traced row that fits stands in
+    the way of the most samples/s its rank could give (``pipeline_ceiling``), so tracing it
+    cannot change the plan; None where none does."""
+    spec = rank_spec(screened, context)
+    if spec is None:
+        return None
+    ceiling = pipeline_ceiling(screened, spec, context)
+    fitting = [c for c in candidates if c.fits and c.method.startswith("traced")]   # not derived
+    leader = standing_in_the_way(screened.candidate.gpus, ceiling, fitting, context.cluster)
+    if leader is None:
+        return None
+    return (f"{screened.candidate.label} on {screened.candidate.gpus} GPUs not traced as a "
+            f"rank: with its schedule's bubble it reaches at most {ceiling:.3g} samples/s, "
+            f"below the traced {leader.label} ({leader.samples_per_s:.3g} samples/s); its row "
+            "is the closed form")
 
 
 def _best_of(screened: list[Screened], strategy: Strategy, context: PlanContext

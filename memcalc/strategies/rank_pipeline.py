@@ -44,6 +44,9 @@ if TYPE_CHECKING:
     from memcalc.strategies.report import Candidate
 
 PIPELINE_TRIES = 4
+CEILING_MICROBATCH = 1 << 20
+"""The microbatch a pipeline row's most samples/s is timed at (``pipeline_ceiling``): far
+past any that fits, where each kernel's fixed costs no longer count."""
 TRACED_PER_STAGE = 2
 """A pipeline rank is traced with at most this many microbatches per stage (the closed
 form's count); a step of more adds only receive buffers to a 1F1B rank."""
@@ -94,6 +97,22 @@ def first_trials(first: int, job: int | None) -> list[int]:
     """The microbatches a pipeline row is traced at before any search, in the order asked
     for (and made ahead): the closed form's, then the job's batch where given and other."""
     return [first] + ([job] if job and job != first else [])
+
+
+def pipeline_ceiling(screened: Screened, spec: TrainingSpec, context: PlanContext) -> float:
+    """Most samples/s a traced rank of ``screened``'s pipeline (``spec``) can give its row.
+    The row is timed as its closed form times it, at whatever microbatch its trace finds: its
+    schedule over the base's FLOPs, kernel by kernel. A larger microbatch spreads each
+    kernel's fixed costs over more samples, and more microbatches shrink the bubble; so it is
+    timed here at ``CEILING_MICROBATCH`` samples and at the most microbatches a step of the
+    row can run (those of a microbatch of 1)."""
+    parallel = spec.parallel
+    steps = row_microbatches(parallel, screened, 1, context.cluster.global_batch)
+    batching = Batching(CEILING_MICROBATCH, steps, CEILING_MICROBATCH * steps * parallel.dp)
+    return scheduled_candidate(
+        screened.rule, screened.base, gpus=parallel.world_size, data_ranks=parallel.dp,
+        batching=batching, peak=0, context=(context.cluster, context.gpu, screened.states),
+        method="", notes=[]).samples_per_s
 
 
 def traced_pipeline(screened: Screened, spec: TrainingSpec, context: PlanContext,
