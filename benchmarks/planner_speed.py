@@ -152,8 +152,11 @@ def main() -> None:
 def distributed_lines(cli: list[str]) -> list[str]:
     """Multi-GPU jobs: the plan (ranks traced) against one estimate of the job on one GPU,
     one fresh process each."""
-    lines = ["", "Multi-GPU jobs: `memcalc plan … --gpus 8` traces each layout's best row, "
-             "its leader and closed-form rows above a traced row of their layout as one rank of the job (fake process group, real wrappers), against "
+    lines = ["", "Multi-GPU jobs: `memcalc plan … --gpus 8` traces each layout's best row "
+             "(a pipeline's only where no traced row outpaces its ceiling), its leader and "
+             "closed-form rows above a traced row of their layout as one rank of the job (fake "
+             "process group, real wrappers; a rank replays the optimizer steps it recorded), "
+             "against "
              "`memcalc estimate` of the job on one GPU; one fresh process each (load average "
              f"{load()} at the start).", "",
              "| job | estimate s | plan s | plan / estimate | target |", "|---|---:|---:|---:|---|"]
