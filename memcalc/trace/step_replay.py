@@ -16,9 +16,8 @@ made by the steps are freed and nothing is made outside the step's own stamp; th
 steps leave is ended by ``finish`` (``optimizer.state.clear()``, on a ZeRO-1 rank its inner
 optimizer's, which a replay mirrors) and every storage the steps made is freed by then;
 nothing else the trace reports (CUDA kernels left unmodelled, attention backends, cuDNN calls)
-changes in a step. A later step whose
-parameters or gradients differ from the recording's raises ``ReplayMismatch``: the tracer then
-traces again with the steps run.
+changes in a step. A later step whose parameters or gradients differ from the recording's
+raises ``ReplayMismatch``: the tracer then traces again with the steps run.
 
 A rank of a distributed job (``memcalc.distributed``) replays only a recording of the same
 layout and rank (the tracer's ``context``; a DTensor's placements are in its signature); an
