@@ -185,11 +185,11 @@ def test_a_pipeline_no_trace_could_make_lead_is_left_to_its_closed_form():
     plan = plan_spec(spec, ClusterSpec(gpus_per_node=4))
     assert not any(c.strategy is Strategy.PIPELINE for c in _ranks(plan))
     note = next(a for a in plan.assumptions if "with its schedule's bubble it reaches" in a)
-    found = re.search(r"at most ([\d.e+]+) samples/s, below the traced (.+) \(([\d.e+]+) samples/s",
+    found = re.search(r"at most ([\d,.]+) samples/s, below the traced (.+) \(([\d,.]+) samples/s",
                       note)
-    ceiling, leader_label = float(found[1]), found[2]
+    ceiling, leader_label = float(found[1].replace(",", "")), found[2]
     leader = next(c for c in plan.candidates if c.label == leader_label and c.gpus == 4)
     assert leader.fits and leader.method.startswith("traced") and leader.samples_per_s > ceiling
     forced = plan_spec(spec, ClusterSpec(gpus_per_node=4, strategy=Strategy.PIPELINE))
     traced = [c for c in _ranks(forced) if c.strategy is Strategy.PIPELINE]
-    assert traced and all(c.samples_per_s <= ceiling * 1.005 for c in traced)
+    assert traced and all(c.samples_per_s <= ceiling + 0.05 for c in traced)   # shown to 0.1

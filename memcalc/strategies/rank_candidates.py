@@ -229,8 +229,8 @@ def _outpaced(screened: Screened, candidates: list[Candidate], context: PlanCont
     if leader is None:
         return None
     return (f"{screened.candidate.label} on {screened.candidate.gpus} GPUs not traced as a "
-            f"rank: with its schedule's bubble it reaches at most {ceiling:.3g} samples/s, "
-            f"below the traced {leader.label} ({leader.samples_per_s:.3g} samples/s); its row "
+            f"rank: with its schedule's bubble it reaches at most {ceiling:,.1f} samples/s, "
+            f"below the traced {leader.label} ({leader.samples_per_s:,.1f} samples/s); its row "
             "is the closed form")
 
 
