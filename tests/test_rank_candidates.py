@@ -172,6 +172,7 @@ def test_a_layouts_closed_form_rows_are_never_shown_above_its_traced_ones():
     assert any(a.startswith("pipeline's closed form was optimistic here") for a in
                plan.assumptions)
 
+
 @pytest.mark.slow
 def test_a_pipeline_no_trace_could_make_lead_is_left_to_its_closed_form():
     """8 LLaMA blocks on 4 T4s: data-parallel ranks fit, and the pipeline's bubble keeps it
