@@ -7,6 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.device.batch_search import UNTRAINABLE
+from memcalc.device.report import PlanPoint
 from memcalc.render.feed import throughput_renderable
 from memcalc.render.cards import cards_line, cards_table
 from memcalc.render.helpers import bullets
@@ -169,11 +170,26 @@ def _plan_panel(report: Report) -> Panel:
         f"{point.batch_size}: {format_bytes(point.total_bytes)} {'fits' if point.fits else 'over'}"
         + (" (STATIC: the trace failed)" if point.batch_size in static else "")
         + (" (on the line)" if point.method == "line" else "")
+        + _split_otherwise(point, plan.points)
         for point in plan.points)
     lines.append(f"{'estimated' if static else 'traced'} batches: {traced}")
     if device.window_plan is not None:
         lines.append(window_plan_text(device.window_plan))
     return Panel("\n".join(lines), title="Batch plan", title_align="left")
+
+
+def _split_otherwise(point: PlanPoint, points: list[PlanPoint]) -> str:
+    """Why ``point`` needs more than a larger batch that allocates more, where one does: the
+    caching allocator's replay splits its blocks otherwise there (fragmentation), so the
+    least memory the step runs in is not monotonic in the batch."""
+    larger = [other for other in points if other.batch_size > point.batch_size
+              and other.total_bytes < point.total_bytes
+              and None not in (other.allocated_bytes, point.allocated_bytes)
+              and other.allocated_bytes > point.allocated_bytes]
+    if not larger or point.method in ("static", UNTRAINABLE):
+        return ""
+    return (f" (more than batch {larger[0].batch_size} needs, which allocates more: the caching "
+            "allocator's blocks split otherwise at this batch and strand free memory)")
 
 
 def _top_modules_table(report: Report, rows: int | None) -> Table:
