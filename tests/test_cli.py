@@ -298,7 +298,7 @@ def test_plan_emits_the_launch_line_of_the_recommendation():
     assert "#SBATCH --cpus-per-task=8" in slurm    # 4 processes × (1 worker + 1) on 8 CPUs
     plan = json.loads(CliRunner().invoke(main, [*args, "--json"]).stdout)
     assert plan["recommended"] and {c["strategy"] for c in plan["candidates"]} >= {
-        "baseline", "ddp", "fsdp", "pipeline", "accumulation"}
+        "baseline", "ddp", "fsdp", "pipeline"}
 
 
 def test_a_forced_strategy_that_does_not_apply_exits_1_with_the_reason():

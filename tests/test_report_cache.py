@@ -72,7 +72,7 @@ def test_a_plan_traces_no_spec_at_a_batch_twice(traced):
 
 def test_the_accumulation_variant_of_a_job_that_keeps_its_gradients_is_the_job(traced):
     kept = FITTING.with_changes(zero_grad_to_none=False)
-    plan = plan_spec(kept, ClusterSpec(), workers=0)
+    plan = plan_spec(kept, ClusterSpec(global_batch=4), workers=0)
     rows = {c.label: c for c in plan.candidates}
     baseline, accumulation = rows["baseline"], rows["accumulation"]
     assert baseline.fits
@@ -84,7 +84,7 @@ def test_the_accumulation_variant_of_a_job_that_keeps_its_gradients_is_the_job(t
 
 
 def test_accumulation_is_not_traced_when_one_sample_of_the_job_does_not_fit(traced):
-    plan = plan_spec(SPEC, ClusterSpec(rank_traces=0), workers=0)
+    plan = plan_spec(SPEC, ClusterSpec(rank_traces=0, global_batch=4), workers=0)
     kept = spec_key(SPEC.with_changes(zero_grad_to_none=False, batch_size=None))
     assert kept not in traced["estimates"]
     assert "accumulation" not in {c.label for c in plan.candidates}
@@ -92,3 +92,25 @@ def test_accumulation_is_not_traced_when_one_sample_of_the_job_does_not_fit(trac
     assert not baseline.fits
     note = next(a for a in plan.assumptions if a.startswith("accumulation not traced"))
     assert "one sample of the job as given needs" in note
+
+
+def test_accumulation_is_traced_only_where_a_row_may_accumulate(traced):
+    kept = spec_key(FITTING.with_changes(zero_grad_to_none=False, batch_size=None))
+    plan = plan_spec(FITTING, ClusterSpec(rank_traces=0), workers=0)
+    assert kept not in traced["estimates"]
+    assert "accumulation" not in {c.label for c in plan.candidates}
+    # no single-GPU row accumulates, so none points to the row left out (a pipeline's
+    # micro-batches are its schedule's, sized with it)
+    assert all(c.accumulation_steps == 1 for c in plan.candidates if c.gpus == 1)
+    assert not any("'accumulation' candidate" in note for c in plan.candidates for note in c.notes)
+    note = next(a for a in plan.assumptions if a.startswith("accumulation not traced"))
+    assert "without --global-batch" in note
+    for cluster in (ClusterSpec(rank_traces=0, global_batch=64),
+                    ClusterSpec(rank_traces=0, strategy=Strategy.ACCUMULATION)):
+        traced["estimates"].clear()
+        plan = plan_spec(FITTING, cluster, workers=0)
+        assert kept in traced["estimates"]
+        assert "accumulation" in {c.label for c in plan.candidates}
+        if cluster.global_batch:       # rows reach it in steps, pointing to the traced row
+            assert any("'accumulation' candidate" in note for c in plan.candidates
+                       for note in c.notes)

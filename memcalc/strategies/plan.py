@@ -111,6 +111,10 @@ def traced_variants(spec: TrainingSpec, context: VariantContext, estimator: Vari
         except ValidationError as error:   # the job's options and the rule's do not go together
             why = error.errors()[0]["msg"].removeprefix("Value error, ")
             clashes.append(f"{rule.strategy.value} not traced: {why}")
+    clashes += [f"{rule.strategy.value} not traced: without --global-batch no row accumulates "
+                "micro-batches (each takes one step per batch), so gradients kept between them "
+                "would only cost memory; give --global-batch to weigh it"
+                for rule, variant_spec in applying if variant_spec is None and rule.keeps_gradients]
     applying = [(rule, variant_spec) for rule, variant_spec in applying if variant_spec]
     given_rule, given_spec = next((rule, v) for rule, v in applying if rule.as_given)
     # asked for whatever the job as given shows: ahead of it, while it is traced here
@@ -158,7 +162,9 @@ def _variant_context(spec: TrainingSpec, gpu: GpuSpec, model: nn.Module,
     # a job already in mixed precision keeps its own autocast in every mixed variant
     mixed = spec.precision if spec.precision in MIXED_PRECISIONS else mixed_precision_for(gpu)
     return VariantContext(mixed_precision=mixed, has_blocks=bool(repeated_blocks(model)),
-                          compile_levers=cluster.compile_levers)
+                          compile_levers=cluster.compile_levers,
+                          accumulates=(cluster.global_batch is not None
+                                       or cluster.strategy is Strategy.ACCUMULATION))
 
 
 def _derived_candidates(variants: list[TracedVariant], unit_fraction: float,

@@ -51,6 +51,10 @@ class VariantContext:
     """The model has repeated blocks that checkpointing can wrap."""
     compile_levers: bool = False
     """The compile variants are asked for (``ClusterSpec.compile_levers``)."""
+    accumulates: bool = True
+    """Rows may accumulate micro-batches: the plan has a global batch to reach, or the
+    accumulation row is asked for. Without, every row takes one step per batch, and keeping
+    the gradients between steps only adds to the job as given."""
 
 
 @dataclass(frozen=True)
@@ -197,8 +201,8 @@ def _compiled(precision: bool) -> Callable[[TrainingSpec, VariantContext], Train
     return variant
 
 
-def _gradients_kept(spec: TrainingSpec, context: VariantContext) -> TrainingSpec:
-    return spec.with_changes(zero_grad_to_none=False)
+def _gradients_kept(spec: TrainingSpec, context: VariantContext) -> TrainingSpec | None:
+    return spec.with_changes(zero_grad_to_none=False) if context.accumulates else None
 
 
 # -- per-GPU memory of derived strategies ------------------------------------------------
