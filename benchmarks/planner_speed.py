@@ -1,8 +1,9 @@
 """Planner speed: `memcalc plan` against `memcalc estimate` on the seed case, as the ratio of
 their wall times (fresh processes, median of 3 runs each), with the traced steps each makes
 and the cores it ran on; then the plan with and without worker processes, to show whether
-they pay off here; then multi-GPU jobs, whose plans trace ranks of the job (one run each:
-an 8 B plan takes minutes). Prints the tables and writes benchmarks/results-planner.md.
+they pay off here; then larger jobs: a 1 B model's plan on the one GPU given and on 8 GPUs
+(median of 3 runs), GPT-2's and an 8 B model's on 8 GPUs, whose plans trace ranks of the job
+(one run each: an 8 B plan takes minutes). Prints the tables and writes benchmarks/results-planner.md.
 
     python -m benchmarks.planner_speed
 """
@@ -33,20 +34,24 @@ SEED_ARGS = ["--model", "resnet3d", "--shape", "834,224,834,3", "--gpu", "RTX-40
 SEED = TrainingSpec(model="resnet3d", sample_shape=(834, 224, 834, 3), gpu="RTX-4090")
 RUNS = 3
 TARGET_RATIO = 2.0
+LLAMA_1B = ["--model", "llama_7b", "--model-arg", "dim=2048", "--model-arg", "depth=16",
+            "--model-arg", "heads=16", "--model-arg", "hidden=5504", "--shape", "2048",
+            "--gpu", "H100-80GB", "--batch-size", "2"]
 DISTRIBUTED_JOBS = [
     ("GPT-2 (124 M), 8 GPUs", ["--model", "gpt2", "--gpu", "H100-80GB", "--batch-size", "4",
-                               "--gpus", "8"], None),
-    ("LLaMA 0.94 B (2048 wide, 16 blocks, sequence 2048), 8 GPUs",
-     ["--model", "llama_7b", "--model-arg", "dim=2048", "--model-arg", "depth=16",
-      "--model-arg", "heads=16", "--model-arg", "hidden=5504", "--shape", "2048",
-      "--gpu", "H100-80GB", "--batch-size", "2", "--gpus", "8"], 3.0),
+                               "--gpus", "8"], None, 1),
+    ("LLaMA 0.94 B (2048 wide, 16 blocks, sequence 2048), the one GPU given", LLAMA_1B, 3.0,
+     RUNS),
+    ("LLaMA 0.94 B (2048 wide, 16 blocks, sequence 2048), 8 GPUs", [*LLAMA_1B, "--gpus", "8"],
+     3.0, RUNS),
     ("Llama 3.1 8B as torchtitan trains it (sequence 8192), 8 GPUs",
      ["--model", "llama3_8b", "--shape", "8192", "--batch-size", "2", "--optimizer", "adamw",
       "--optimizer-impl", "fused", "--free-output", "--gpu", "H100-80GB", "--gpu-memory",
-      "95GiB", "--gpus", "8"], None),
+      "95GiB", "--gpus", "8"], None, 1),
 ]
 """(name, options shared by estimate and plan (plan's --gpus dropped for estimate), target
-plan / estimate ratio or None); the 8 B plan's target is in seconds (``TARGET_8B_S``)."""
+plan / estimate ratio or None, runs of each: the median is shown); the 8 B plan's target is
+in seconds (``TARGET_8B_S``)."""
 TARGET_8B_S = 120.0
 _PLAN_WITH = ("import sys; from memcalc.api import plan_spec; from memcalc.specs import "
               "TrainingSpec; from memcalc.strategies import ClusterSpec; plan_spec(TrainingSpec("
@@ -150,20 +155,22 @@ def main() -> None:
 
 
 def distributed_lines(cli: list[str]) -> list[str]:
-    """Multi-GPU jobs: the plan (ranks traced) against one estimate of the job on one GPU,
-    one fresh process each."""
-    lines = ["", "Multi-GPU jobs: `memcalc plan … --gpus 8` traces each layout's best row "
+    """Larger jobs: the plan (on 8 GPUs, ranks traced) against one estimate of the job on
+    one GPU, fresh processes."""
+    lines = ["", "Larger jobs: `memcalc plan` on the one GPU given sizes the distributed "
+             "layouts in closed form on its traced variants; `memcalc plan … --gpus 8` "
+             "traces each layout's best row "
              "(a pipeline's only where no traced row outpaces its ceiling), its leader and "
              "closed-form rows above a traced row of their layout as one rank of the job (fake "
              "process group, real wrappers; a rank replays the optimizer steps it recorded), "
              "against "
-             "`memcalc estimate` of the job on one GPU; one fresh process each (load average "
-             f"{load()} at the start).", "",
+             "`memcalc estimate` of the job on one GPU; fresh processes, the median where a "
+             f"job ran more than once (load average {load()} at the start).", "",
              "| job | estimate s | plan s | plan / estimate | target |", "|---|---:|---:|---:|---|"]
-    for name, options, target in DISTRIBUTED_JOBS:
+    for name, options, target, repeats in DISTRIBUTED_JOBS:
         single = [o for i, o in enumerate(options) if "--gpus" not in options[max(0, i - 1):i + 1]]
-        estimate_s, _ = median_wall_s([*cli, "estimate", *single], runs=1)
-        plan_s, _ = median_wall_s([*cli, "plan", *options], runs=1)
+        estimate_s, _ = median_wall_s([*cli, "estimate", *single], runs=repeats)
+        plan_s, _ = median_wall_s([*cli, "plan", *options], runs=repeats)
         ratio = plan_s / estimate_s
         if target is not None:
             verdict = f"≤ {target:g}× the estimate: {'met' if ratio <= target else 'NOT met'}"
