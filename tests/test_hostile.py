@@ -168,6 +168,29 @@ def test_a_dataset_that_hangs_is_stopped_at_its_deadline_and_killed(hanging_data
     assert not left_behind(result.mark)
 
 
+def test_a_killed_memcalc_takes_its_probe_with_it():
+    """SIGKILL leaves memcalc no time to clean up, and its probe runs in a process group of
+    its own: the probe, waiting on a DataLoader worker that hangs in the user's Dataset (it
+    writes nothing more, so no broken pipe ends it), must still end with it."""
+    process = start("host", "--dataset", "tests.fixtures.hostile:hanging_dataset",
+                    "--batch-size", "2", "--probe-seconds", "120")
+    deadline, probe, used = time.monotonic() + 120, None, None
+    while probe is None or probe.cpu_times() != used:   # until it sits in the Dataset
+        assert process.poll() is None and time.monotonic() < deadline, "the probe never hung"
+        if probe is not None:
+            used = probe.cpu_times()
+        else:
+            probe = next((child for child in psutil.Process(process.pid).children()
+                          if "memcalc.host.probe" in " ".join(child.cmdline())), None)
+        time.sleep(1)
+    process.kill()
+    process.communicate()
+    deadline = time.monotonic() + 10
+    while left_behind(process.mark) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left_behind(process.mark)
+
+
 def test_a_dataset_that_raises_names_its_exception_and_line():
     result = memcalc("host", "--dataset", "tests.fixtures.hostile:raising_dataset",
                      "--batch-size", "2", "--probe-seconds", "5")

@@ -1,12 +1,16 @@
 """How a child process memcalc starts on the user's Dataset (``memcalc.host.probe``,
 ``memcalc.host.verify_run``) talks back: one JSON object per line on a dedicated file
 descriptor, its own stdout sent to stderr so what the Dataset prints never mixes with the
-events, and every way the user's code can fail ending in one ``error`` line."""
+events, and every way the user's code can fail ending in one ``error`` line. It dies with
+the memcalc process that started it (PDEATHSIG), and its DataLoader workers with it
+(DataLoader's watchdog), so a killed memcalc leaves nothing running."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +24,19 @@ from memcalc.errors import (
 )
 
 _EVENTS: list[Any] = [sys.stdout]
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL when memcalc (pid ``parent``) ends, however it ends (Linux); nothing where not
+    supported. The child runs in a process group of its own, which a signal to memcalc's
+    group does not reach."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:     # memcalc ended before the call
+        os._exit(1)
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -28,14 +45,18 @@ def emit(event: str, **fields: Any) -> None:
 
 def run_child(work: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
     """``work(config)`` with ``sys.argv`` = [program, json config, event fd]; its result as the
-    ``result`` event, a failure as ``input_error`` (exit 2) or ``error`` (exit 3)."""
+    ``result`` event, a failure as ``input_error`` (exit 2) or ``error`` (exit 3). A config's
+    ``parent_pid`` (``memcalc.host.measure.start_child`` sets it) is the process it dies with."""
+    config = json.loads(sys.argv[1])
+    if "parent_pid" in config:
+        die_with_parent(config["parent_pid"])
     if len(sys.argv) > 2:
         _EVENTS[0] = os.fdopen(int(sys.argv[2]), "w", buffering=1)
         sys.stdout.flush()
         os.dup2(2, 1)
         sys.stdout = sys.stderr
     try:
-        emit("result", **work(json.loads(sys.argv[1])))
+        emit("result", **work(config))
     except InputError as error:   # bad reference, or no tensor in the sample
         emit("input_error", message=str(error).splitlines()[0])
         sys.exit(2)

@@ -188,6 +188,7 @@ def start_child(module: str, config: dict, output, env: dict[str, str] | None = 
     group of its own and would get more CPU on a busy machine than the user's loader.
     ``wrap`` rewrites the command (a memory cgroup's entry)."""
     read_fd, write_fd = os.pipe()
+    config = {**config, "parent_pid": os.getpid()}     # it dies with this process
     command = [sys.executable, "-m", module, json.dumps(config), str(write_fd)]
     environment = {**os.environ, **(env or {}), "PYTHONPATH": pythonpath()}
     try:

@@ -98,7 +98,7 @@ def verify_plan(host: HostReport, cap_bytes: int | None = None, seconds: float |
               "start_method": loader.start_method.value,
               "persistent_workers": loader.persistent_workers,
               "batches": verify_batches(count, loader.prefetch_factor), "step_s": STEP_S,
-              "seconds": seconds or loader.probe_seconds, "parent_pid": os.getpid()}
+              "seconds": seconds or loader.probe_seconds}
     try:
         group, unavailable = MemoryCgroup(limit_bytes=cap), None
     except CgroupUnavailable as error:

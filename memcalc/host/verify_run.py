@@ -4,18 +4,13 @@
 file descriptor FD: ``started`` once the Dataset is built, ``batch`` per batch the main
 process takes, and a final ``result`` (or ``error`` / ``input_error``). The main process holds
 each batch for a simulated step; the first one long enough for every worker to fill its
-prefetch queue (as at an epoch start, the usual peak). It dies with its parent (PDEATHSIG),
-and its workers with it (DataLoader's watchdog), so a killed memcalc leaves nothing running.
+prefetch queue (as at an epoch start, the usual peak). It dies with memcalc, and its workers
+with it (``memcalc.host.child_events``), so a killed memcalc leaves nothing running.
 """
 
 from __future__ import annotations
 
-import ctypes
-import json
 import multiprocessing
-import os
-import signal
-import sys
 import time
 from typing import Any
 
@@ -23,17 +18,6 @@ from memcalc.host.child_events import emit, run_child
 
 FIRST_HOLD_S = 1.0
 """Least time the first batch is held, so the workers' queues fill behind it."""
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent(parent: int) -> None:
-    """SIGKILL when memcalc ends, however it ends (Linux); nothing where not supported."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent:     # memcalc ended before the call
-        os._exit(1)
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
@@ -71,7 +55,6 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> None:
-    _die_with_parent(json.loads(sys.argv[1])["parent_pid"])
     run_child(run)
 
 
