@@ -38,7 +38,7 @@ def least_limit_replay(events: list[MemoryEvent], resident_bytes: list[int],
     ``failed_limit``."""
     high = unlimited.peak_reserved_bytes
     low = max(failed_limit, live_request_peak(events, resident_bytes, settings) - 1)
-    step = _tolerance(high)
+    step = tolerance_bytes(high)
     for _ in range(GALLOP_PROBES):
         if low + step >= high:
             break
@@ -61,7 +61,7 @@ def _bisected(events: list[MemoryEvent], resident_bytes: list[int],
               best: AllocatorReplay) -> AllocatorReplay:
     """Bisection between a limit that fails (``low``) and one that runs (``high``, its
     replay ``best``), to ``LEAST_LIMIT_TOLERANCE``."""
-    while high - low > _tolerance(high):
+    while high - low > tolerance_bytes(high):
         middle = (low + high) // 2
         attempt = replay(events, resident_bytes, settings, limit_bytes=middle)
         if attempt.fits:
@@ -71,7 +71,8 @@ def _bisected(events: list[MemoryEvent], resident_bytes: list[int],
     return best
 
 
-def _tolerance(limit: int) -> int:
+def tolerance_bytes(limit: int) -> int:
+    """How close to the least limit the search ends: ``LEAST_LIMIT_TOLERANCE`` of it, or 2 MiB."""
     return max(2 << 20, int(limit * LEAST_LIMIT_TOLERANCE))
 
 

@@ -7,7 +7,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memcalc.device.batch_search import UNTRAINABLE
-from memcalc.device.least_limit import LEAST_LIMIT_TOLERANCE
+from memcalc.device.least_limit import tolerance_bytes
 from memcalc.device.report import PlanPoint
 from memcalc.render.feed import throughput_renderable
 from memcalc.render.cards import cards_line, cards_table
@@ -184,7 +184,7 @@ def _split_otherwise(point: PlanPoint, points: list[PlanPoint]) -> str:
     caching allocator's replay splits its blocks otherwise there (fragmentation), so the
     least memory the step runs in is not monotonic in the batch. Differences within the
     least-limit search's tolerance are not remarked on."""
-    slack = max(2 << 20, int(point.total_bytes * LEAST_LIMIT_TOLERANCE))
+    slack = tolerance_bytes(point.total_bytes)
     larger = [other for other in points if other.batch_size > point.batch_size
               and other.total_bytes + slack < point.total_bytes
               and None not in (other.allocated_bytes, point.allocated_bytes)
